@@ -1,0 +1,130 @@
+"""Tensor-parallel linear layers with SGLang's names, and their weight loaders.
+
+A column-parallel layer splits its *output* features across ranks (each rank computes a slice, no
+communication); a row-parallel layer splits its *input* features and all-reduces the partial sums.
+Pairing them (qkv/gate_up column-parallel, o/down row-parallel) costs one all-reduce per block.
+
+Each parameter carries a ``weight_loader`` that takes the *full* checkpoint tensor and copies in only
+this rank's shard, so ``load_weights`` is the same loop at any tp size. SGLang's ``linear.py`` adds
+quantization methods, fused-shard-on-disk formats, bias skipping and custom weight-loading v2 paths.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from minisgl.distributed.parallel_state import (
+    get_tensor_model_parallel_rank,
+    get_tensor_model_parallel_world_size,
+    tensor_model_parallel_all_reduce,
+)
+from minisgl.utils.common import InputError
+
+
+def _new_param(*shape: int, weight_loader) -> nn.Parameter:
+    param = nn.Parameter(torch.empty(*shape), requires_grad=False)
+    param.weight_loader = weight_loader
+    return param
+
+
+def copy_checked(param: torch.Tensor, loaded: torch.Tensor) -> None:
+    if param.shape != loaded.shape:
+        raise InputError(
+            f"checkpoint tensor of shape {tuple(loaded.shape)} does not fit parameter of shape "
+            f"{tuple(param.shape)}; the weights do not match the model config"
+        )
+    param.data.copy_(loaded)
+
+
+def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
+    copy_checked(param, loaded_weight)
+
+
+class ReplicatedLinear(nn.Module):
+    """The same full weight on every rank."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__()
+        self.weight = _new_param(output_size, input_size, weight_loader=default_weight_loader)
+        self.bias = _new_param(output_size, weight_loader=default_weight_loader) if bias else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+
+class ColumnParallelLinear(ReplicatedLinear):
+    """Output features split across ranks: rank r holds rows ``[r*n/tp, (r+1)*n/tp)`` of the weight."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        super().__init__(input_size, output_size // self.tp_size, bias)
+        self.weight.weight_loader = self.weight_loader
+        if self.bias is not None:
+            self.bias.weight_loader = self.weight_loader
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        size = param.shape[0]
+        copy_checked(param, loaded_weight.narrow(0, self.tp_rank * size, size))
+
+
+class MergedColumnParallelLinear(ColumnParallelLinear):
+    """Several column-parallel outputs fused in one matmul (gate and up): one GEMM instead of two."""
+
+    def __init__(self, input_size: int, output_sizes: Sequence[int], bias: bool = False):
+        self.output_sizes = list(output_sizes)
+        super().__init__(input_size, sum(output_sizes), bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int = 0) -> None:
+        size = self.output_sizes[loaded_shard_id] // self.tp_size
+        offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
+        shard = loaded_weight.narrow(0, self.tp_rank * size, size)
+        copy_checked(param.data.narrow(0, offset, size), shard)
+
+
+class QKVParallelLinear(ColumnParallelLinear):
+    """q, k and v projections fused and split by heads; KV heads are replicated when tp > their number."""
+
+    def __init__(
+        self, hidden_size: int, head_size: int, total_num_heads: int, total_num_kv_heads: int, bias: bool = False
+    ):
+        tp_size = get_tensor_model_parallel_world_size()
+        self.head_size = head_size
+        self.num_heads = total_num_heads // tp_size
+        self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
+        self.num_kv_head_replicas = max(1, tp_size // total_num_kv_heads)
+        output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
+        super().__init__(hidden_size, output_size, bias)
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str = "q") -> None:
+        q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
+        if loaded_shard_id == "q":
+            offset, size, shard_rank = 0, q_size, self.tp_rank
+        else:
+            offset = q_size if loaded_shard_id == "k" else q_size + kv_size
+            size, shard_rank = kv_size, self.tp_rank // self.num_kv_head_replicas
+        shard = loaded_weight.narrow(0, shard_rank * size, size)
+        copy_checked(param.data.narrow(0, offset, size), shard)
+
+
+class RowParallelLinear(nn.Module):
+    """Input features split across ranks; partial outputs are summed by an all-reduce, then the bias added."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False):
+        super().__init__()
+        self.tp_rank = get_tensor_model_parallel_rank()
+        self.tp_size = get_tensor_model_parallel_world_size()
+        self.weight = _new_param(output_size, input_size // self.tp_size, weight_loader=self.weight_loader)
+        self.bias: nn.Parameter | None = _new_param(output_size, weight_loader=default_weight_loader) if bias else None
+
+    def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        size = param.shape[1]
+        copy_checked(param, loaded_weight.narrow(1, self.tp_rank * size, size))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = tensor_model_parallel_all_reduce(F.linear(x, self.weight))
+        return out if self.bias is None else out + self.bias

@@ -1,0 +1,49 @@
+"""Rotary position embedding (neox style, as Llama/Qwen use) with a cached cos/sin table.
+
+The inverse frequencies come from transformers' own RoPE initialisers (default, linear, llama3, yarn,
+...), so scaled variants match HF exactly. SGLang's ``rotary_embedding/`` package implements each
+variant itself, plus mrope, dual-chunk and fused rope+KV-store kernels.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from transformers import PretrainedConfig
+from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+from minisgl.utils.common import InputError
+
+
+class RotaryEmbedding(nn.Module):
+    def __init__(self, inv_freq: torch.Tensor, max_position: int, scaling: float):
+        super().__init__()
+        t = torch.arange(max_position, dtype=torch.float32, device=inv_freq.device)
+        freqs = torch.outer(t, inv_freq.float())
+        # Indexed by position at each forward; one table for all layers.
+        self.register_buffer("cos_cached", freqs.cos() * scaling, persistent=False)
+        self.register_buffer("sin_cached", freqs.sin() * scaling, persistent=False)
+
+    def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)
+        sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
+        return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+
+def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """x: [tokens, heads, head_dim]; rotates the two halves of head_dim against each other."""
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
+
+
+def get_rope(config: PretrainedConfig, head_dim: int, max_position: int) -> RotaryEmbedding:
+    params = dict(getattr(config, "rope_parameters", None) or {})
+    rope_type = params.get("rope_type", "default")
+    if rope_type == "default":
+        exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
+        inv_freq, scaling = 1.0 / (params.get("rope_theta", 10000.0) ** exponents), 1.0
+    elif rope_type in ("linear", "llama3", "yarn"):
+        inv_freq, scaling = ROPE_INIT_FUNCTIONS[rope_type](config)
+    else:
+        raise InputError(f"rope_type {rope_type!r} is not supported; minisgl handles default, linear, llama3, yarn")
+    return RotaryEmbedding(inv_freq.to(torch.float32), max_position, float(scaling))

@@ -1,0 +1,3 @@
+from minisgl.mem_cache.allocator.token import TokenToKVPoolAllocator
+
+__all__ = ["TokenToKVPoolAllocator"]

@@ -1,0 +1,104 @@
+"""ModelRunner: owns the model, the KV pools, the attention backend and the sampler of one TP rank.
+
+``forward(forward_batch)`` runs the model and returns the logits output (the last position of each
+request in extend mode); ``sample(logits_output, forward_batch)`` turns it into next-token ids.
+SGLang's ``ModelRunner`` also captures CUDA graphs, profiles memory for the pools, initialises
+LoRA, speculative draft models, expert-parallel MoE and elastic/remote weight updates.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from minisgl.configs.model_config import ModelConfig
+from minisgl.distributed.parallel_state import init_distributed_environment
+from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from minisgl.layers.logits_processor import LogitsProcessorOutput
+from minisgl.layers.sampler import Sampler
+from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
+from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from minisgl.model_executor.forward_batch_info import ForwardBatch
+from minisgl.model_loader.loader import get_model
+from minisgl.server_args import ServerArgs
+from minisgl.utils.common import InputError, get_available_memory
+
+_MAX_NUM_REQS = 1024  # rows of req_to_token; SGLang derives it from --max-running-requests
+
+
+@dataclass
+class ModelRunnerOutput:
+    logits_output: LogitsProcessorOutput
+
+
+class ModelRunner:
+    def __init__(
+        self,
+        model_config: ModelConfig,
+        server_args: ServerArgs,
+        device: torch.device,
+        tp_rank: int = 0,
+        dist_init_method: str | None = None,
+    ):
+        self.model_config = model_config
+        self.server_args = server_args
+        self.device = device
+        self.tp_rank, self.tp_size = tp_rank, server_args.tp_size
+        init_distributed_environment(tp_rank, self.tp_size, dist_init_method, device)
+        torch.manual_seed(server_args.random_seed)
+        self.sampler = Sampler()
+        self.generator = torch.Generator(device=device).manual_seed(server_args.random_seed)
+        self.load_model()
+        self.init_memory_pool()
+        self.attn_backend = TorchNativeAttnBackend()
+
+    def load_model(self) -> None:
+        available = get_available_memory(self.device)
+        sa = self.server_args
+        self.model = get_model(self.model_config, sa.model_path, sa.load_format, self.device, sa.random_seed)
+        self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
+        self.available_after_load = min(available - self.weight_bytes, get_available_memory(self.device))
+
+    def profile_max_num_token(self) -> int:
+        """KV capacity in tokens: ``--max-total-tokens``, or a fraction of the memory left after the weights."""
+        if self.server_args.max_total_tokens is not None:
+            return self.server_args.max_total_tokens
+        fraction = self.server_args.mem_fraction_static
+        if fraction is None:
+            fraction = 0.85 if self.device.type == "cuda" else 0.1
+        cell_size = MHATokenToKVPool.get_cell_size_per_token(
+            self.model_config.get_num_kv_heads(self.tp_size),
+            self.model_config.head_dim,
+            self.model_config.num_hidden_layers,
+            self.model_config.dtype,
+        )
+        return int(self.available_after_load * fraction) // cell_size
+
+    def init_memory_pool(self) -> None:
+        self.max_total_num_tokens = self.profile_max_num_token()
+        if self.max_total_num_tokens < 1:
+            raise InputError(
+                "no memory is left for the KV cache; raise --mem-fraction-static or set --max-total-tokens"
+            )
+        self.req_to_token_pool = ReqToTokenPool(
+            min(_MAX_NUM_REQS, self.max_total_num_tokens), self.model_config.context_len, self.device
+        )
+        self.token_to_kv_pool_allocator = TokenToKVPoolAllocator(self.max_total_num_tokens, self.device)
+        self.token_to_kv_pool = MHATokenToKVPool(
+            self.max_total_num_tokens,
+            self.model_config.dtype,
+            self.model_config.get_num_kv_heads(self.tp_size),
+            self.model_config.head_dim,
+            self.model_config.num_hidden_layers,
+            self.device,
+        )
+
+    def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
+        """One model forward. (SGLang dispatches here to a CUDA-graph replay or an eager extend/decode.)"""
+        self.attn_backend.init_forward_metadata(forward_batch)
+        logits_output = self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
+        return ModelRunnerOutput(logits_output=logits_output)
+
+    def sample(self, logits_output: LogitsProcessorOutput, forward_batch: ForwardBatch) -> torch.Tensor:
+        return self.sampler(logits_output, forward_batch.sampling_info, self.generator)
