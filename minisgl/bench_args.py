@@ -98,6 +98,10 @@ def check_args(server_args: ServerArgs, bench_args: BenchArgs, hf_config: Pretra
         raise InputError(f"--cut-len must be >= 0, got {bench_args.cut_len}")
     if bench_args.log_decode_step < 0:
         raise InputError(f"--log-decode-step must be >= 0, got {bench_args.log_decode_step}")
+    if bench_args.profile_start_step is not None and bench_args.profile_start_step < 0:
+        raise InputError(f"--profile-start-step must be >= 0, got {bench_args.profile_start_step}")
+    if bench_args.profile_steps is not None and bench_args.profile_steps < 1:
+        raise InputError(f"--profile-steps must be at least 1, got {bench_args.profile_steps}")
     if bench_args.prompt_filename and not os.path.isfile(bench_args.prompt_filename):
         raise InputError(f"--prompt-filename {bench_args.prompt_filename} does not exist")
     if bench_args.result_filename:

@@ -34,6 +34,7 @@ from minisgl.model_executor.model_runner import ModelRunner
 from minisgl.model_loader.default_model import default_model_path
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
+from minisgl.tp_launcher import TPRankError, launch_tp
 from minisgl.utils.common import InputError, resolve_device, synchronize
 from minisgl.utils.hf_transformers_utils import get_config, get_tokenizer
 from minisgl.utils.profile_utils import create_torch_profiler_filename, start_profile, stop_profile
@@ -140,6 +141,14 @@ def decode(input_token_ids: torch.Tensor, batch: ScheduleBatch, model_runner: Mo
     return next_token_ids, logits_output.next_token_logits
 
 
+def _check_prompt_lengths(input_ids: list[list[int]], output_len: int, context_len: int) -> None:
+    """Refuse a prompt that, with its generated tokens, would not fit the model's context."""
+    for i, ids in enumerate(input_ids):
+        if len(ids) + output_len > context_len:
+            raise InputError(f"prompt {i} has {len(ids)} tokens; with --output-len {output_len} it exceeds the "
+                             f"model's context length {context_len}; use a shorter prompt or output")  # fmt: skip
+
+
 def _read_prompts_from_file(prompt_file: str) -> list[str]:
     if not prompt_file:
         return []
@@ -152,6 +161,7 @@ def correctness_test(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: in
     model_runner, tokenizer = load_model(server_args, tp_rank, dist_init_method)
     custom_prompts = _read_prompts_from_file(bench_args.prompt_filename)
     prompts, input_ids, reqs = prepare_inputs_for_correctness_test(bench_args, tokenizer, custom_prompts)
+    _check_prompt_lengths(input_ids, bench_args.output_len[0], model_runner.torch_runner.model_config.context_len)
     rank_print(f"\n{input_ids=}\n")
 
     if bench_args.cut_len > 0:
@@ -185,7 +195,9 @@ def latency_test_run_once(
     profile, profile_record_shapes, profile_activities, profile_prefix, profile_stage,
     profile_start_step=None, profile_steps=None, progress=None,
 ):  # fmt: skip
-    max_batch_size = model_runner.max_batch_size(input_len, output_len)
+    # Prompts from --prompt-filename may be longer than input_len: size the KV check by the longest one.
+    longest = max([input_len] + [len(r.origin_input_ids) for r in reqs])
+    max_batch_size = model_runner.max_batch_size(longest, output_len)
     if batch_size > max_batch_size:
         rank_print(f"skipping ({batch_size}, {input_len}, {output_len}) due to max batch size limit")
         return None
@@ -242,6 +254,9 @@ def latency_test_run_once(
         stop_profile(
             profiler, profile_activities, rank_print, create_torch_profiler_filename(*shape, "decode"), "decode"
         )
+    elif profile_decode and profile_start >= output_len - 1:
+        rank_print(f"torch profiler: no decode trace; decode step {profile_start} never runs: --output-len "
+                   f"{output_len} makes {output_len - 1} decode steps")  # fmt: skip
 
     if output_len > 1:
         med_decode_latency = float(np.median(decode_latencies))
@@ -268,13 +283,15 @@ def latency_test(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, d
     common = dict(log_decode_step=0, profile=False, profile_record_shapes=False, profile_activities=("CPU",),
                   profile_prefix="", profile_stage="all")  # fmt: skip
 
+    custom_inputs = [tokenizer.encode(p.strip()) for p in _read_prompts_from_file(bench_args.prompt_filename)]
+    context_len = model_runner.torch_runner.model_config.context_len
+    _check_prompt_lengths(custom_inputs[: max(bench_args.batch_size)], max(bench_args.output_len), context_len)
     bs, il, ol = bench_args.batch_size[0], bench_args.input_len[0], min(32, bench_args.output_len[0])
     rank_print("Warmup ...")
     warmup_reqs = prepare_synthetic_inputs_for_latency_test(bs, il, ol, vocab_size, seed)
     latency_test_run_once(bench_args.run_name, model_runner, rank_print, warmup_reqs, bs, il, ol, **common)
     rank_print("Benchmark ...")
 
-    custom_inputs = [tokenizer.encode(p.strip()) for p in _read_prompts_from_file(bench_args.prompt_filename)]
     combos = list(itertools.product(bench_args.batch_size, bench_args.input_len, bench_args.output_len))
     results = []
     with bench_utils.SweepProgress(len(combos), enabled=is_rank0) as progress:
@@ -313,8 +330,6 @@ def main(server_args: ServerArgs, bench_args: BenchArgs):
     check_args(server_args, bench_args, get_config(server_args.model_path))
     if server_args.tp_size == 1:
         return work(server_args, bench_args)
-    from minisgl.tp_launcher import launch_tp
-
     return launch_tp(work, server_args, bench_args)
 
 
@@ -335,6 +350,9 @@ def cli(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except TPRankError as e:  # a rank's own traceback is not shown; its one-line error is
+        print(f"error: {e}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -40,6 +40,16 @@ def copy_checked(param: torch.Tensor, loaded: torch.Tensor) -> None:
     param.data.copy_(loaded)
 
 
+def shard(loaded: torch.Tensor, dim: int, index: int, size: int, full_size: int) -> torch.Tensor:
+    """Slice ``index`` of width ``size`` along ``dim``, after checking the checkpoint has the full width."""
+    if loaded.shape[dim] != full_size:
+        raise InputError(
+            f"checkpoint tensor of shape {tuple(loaded.shape)} has {loaded.shape[dim]} rows/columns where the "
+            f"model config implies {full_size}; the weights do not match the model config"
+        )
+    return loaded.narrow(dim, index * size, size)
+
+
 def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> None:
     copy_checked(param, loaded_weight)
 
@@ -69,7 +79,7 @@ class ColumnParallelLinear(ReplicatedLinear):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         size = param.shape[0]
-        copy_checked(param, loaded_weight.narrow(0, self.tp_rank * size, size))
+        copy_checked(param, shard(loaded_weight, 0, self.tp_rank, size, size * self.tp_size))
 
 
 class MergedColumnParallelLinear(ColumnParallelLinear):
@@ -82,8 +92,8 @@ class MergedColumnParallelLinear(ColumnParallelLinear):
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: int = 0) -> None:
         size = self.output_sizes[loaded_shard_id] // self.tp_size
         offset = sum(self.output_sizes[:loaded_shard_id]) // self.tp_size
-        shard = loaded_weight.narrow(0, self.tp_rank * size, size)
-        copy_checked(param.data.narrow(0, offset, size), shard)
+        full = self.output_sizes[loaded_shard_id]
+        copy_checked(param.data.narrow(0, offset, size), shard(loaded_weight, 0, self.tp_rank, size, full))
 
 
 class QKVParallelLinear(ColumnParallelLinear):
@@ -97,18 +107,19 @@ class QKVParallelLinear(ColumnParallelLinear):
         self.num_heads = total_num_heads // tp_size
         self.num_kv_heads = max(1, total_num_kv_heads // tp_size)
         self.num_kv_head_replicas = max(1, tp_size // total_num_kv_heads)
+        self.total_num_kv_heads = total_num_kv_heads
         output_size = (self.num_heads + 2 * self.num_kv_heads) * head_size * tp_size
         super().__init__(hidden_size, output_size, bias)
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor, loaded_shard_id: str = "q") -> None:
         q_size, kv_size = self.num_heads * self.head_size, self.num_kv_heads * self.head_size
         if loaded_shard_id == "q":
-            offset, size, shard_rank = 0, q_size, self.tp_rank
+            offset, size, shard_rank, full = 0, q_size, self.tp_rank, q_size * self.tp_size
         else:
             offset = q_size if loaded_shard_id == "k" else q_size + kv_size
             size, shard_rank = kv_size, self.tp_rank // self.num_kv_head_replicas
-        shard = loaded_weight.narrow(0, shard_rank * size, size)
-        copy_checked(param.data.narrow(0, offset, size), shard)
+            full = self.total_num_kv_heads * self.head_size
+        copy_checked(param.data.narrow(0, offset, size), shard(loaded_weight, 0, shard_rank, size, full))
 
 
 class RowParallelLinear(nn.Module):
@@ -123,7 +134,7 @@ class RowParallelLinear(nn.Module):
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         size = param.shape[1]
-        copy_checked(param, loaded_weight.narrow(1, self.tp_rank * size, size))
+        copy_checked(param, shard(loaded_weight, 1, self.tp_rank, size, size * self.tp_size))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         out = tensor_model_parallel_all_reduce(F.linear(x, self.weight))

@@ -16,7 +16,7 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from minisgl.layers.linear import copy_checked
+from minisgl.layers.linear import copy_checked, shard
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -32,8 +32,9 @@ class VocabParallelEmbedding(nn.Module):
         self.weight.weight_loader = self.weight_loader
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
-        shard = loaded_weight[self.vocab_start_index : self.vocab_end_index]
-        copy_checked(param.data[: shard.shape[0]], shard)
+        rows = self.vocab_end_index - self.vocab_start_index
+        part = shard(loaded_weight, 0, 0, self.vocab_end_index, self.num_embeddings)[self.vocab_start_index :]
+        copy_checked(param.data[:rows], part)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.tp_size == 1:

@@ -93,6 +93,8 @@ class ScheduleBatch:
         input_ids = [r.get_fill_ids()[len(r.prefix_indices) :] for r in self.reqs]
         self.prefix_lens = [len(r.prefix_indices) for r in self.reqs]
         self.extend_lens = [len(ids) for ids in input_ids]
+        # Logits come from each request's last new token, so every request must bring at least one.
+        assert min(self.extend_lens) > 0, "every request in an extend needs a token past its cached prefix"
         self.extend_num_tokens = sum(self.extend_lens)
         seq_lens = [r.fill_len for r in self.reqs]
         self.input_ids = torch.tensor([t for ids in input_ids for t in ids], dtype=torch.int64).to(self.device)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 
 from minisgl.utils.common import InputError
 
@@ -32,9 +32,7 @@ def safetensors_weights_iterator(model_dir: Path) -> Iterator[tuple[str, torch.T
             with safe_open(model_dir / file, framework="pt") as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
-        except (OSError, ValueError, RuntimeError) as e:
-            if isinstance(e, InputError):
-                raise
+        except (OSError, SafetensorError) as e:
             raise InputError(f"cannot read {model_dir / file} ({e}); the weights file is missing or corrupt") from None
 
 
@@ -90,7 +88,7 @@ def gguf_quant_weights_iterator(gguf_file: Path, num_heads: int, num_kv_heads: i
             weights = _unpermute_rope(weights, num_heads)
         elif name.endswith("k_proj.weight"):
             weights = _unpermute_rope(weights, num_kv_heads)
-        yield name, torch.from_numpy(np.ascontiguousarray(weights, dtype=np.float32))
+        yield name, torch.from_numpy(np.array(weights, dtype=np.float32))  # a writable copy of the mmap
 
 
 def dummy_weights_iterator(hf_config, seed: int) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,118 @@
+"""minisgl against HF transformers on the same weights: prefill logits, greedy tokens, prefix reuse."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from minisgl.bench_one_batch import decode, extend
+from minisgl.configs.model_config import ModelConfig
+from minisgl.managers.schedule_batch import Req
+from minisgl.model_executor.model_runner import ModelRunner
+from minisgl.sampling.sampling_params import SamplingParams
+from minisgl.server_args import ServerArgs
+from minisgl.utils.hf_transformers_utils import get_config
+
+PROMPTS = [[5, 17, 42, 9, 100, 3, 77], [8, 2, 31], [1, 60, 61, 62, 63, 64, 65, 66, 67, 68, 69, 70, 71]]
+STEPS = 16
+
+
+def make_runner(model_path, dtype=torch.float32, max_total_tokens=2048, **kwargs) -> ModelRunner:
+    server_args = ServerArgs(model_path=str(model_path), max_total_tokens=max_total_tokens, **kwargs)
+    model_config = ModelConfig.from_hf_config(get_config(str(model_path)), dtype)
+    return ModelRunner(model_config, server_args, torch.device("cpu"))
+
+
+def make_reqs(prompts):
+    reqs = []
+    for i, ids in enumerate(prompts):
+        req = Req(i, "", ids, SamplingParams(temperature=0))
+        req.full_untruncated_fill_ids, req.fill_len = req.origin_input_ids, len(ids)
+        reqs.append(req)
+    return reqs
+
+
+def run_greedy(runner: ModelRunner, prompts, steps: int):
+    """Prefill logits and ``steps`` greedy tokens per prompt, through the bench's extend/decode."""
+    next_ids, logits, batch = extend(make_reqs(prompts), runner)
+    tokens = [[t] for t in next_ids.tolist()]
+    for _ in range(steps - 1):
+        next_ids, _ = decode(next_ids, batch, runner)
+        for out, t in zip(tokens, next_ids.tolist()):
+            out.append(t)
+    return logits, tokens
+
+
+def hf_model(model_path, dtype=torch.float32):
+    return AutoModelForCausalLM.from_pretrained(model_path, dtype=dtype, attn_implementation="sdpa").eval()
+
+
+@pytest.fixture(params=["tiny_llama", "tiny_qwen2", "tiny_qwen3"])
+def model_path(request):
+    return request.getfixturevalue(request.param)
+
+
+def test_prefill_logits_match_hf(model_path):
+    logits, _ = run_greedy(make_runner(model_path), PROMPTS, steps=1)
+    hf = hf_model(model_path)
+    with torch.no_grad():
+        ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS])
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+
+
+def test_greedy_tokens_match_hf_generate(model_path):
+    _, tokens = run_greedy(make_runner(model_path), PROMPTS, steps=STEPS)
+    hf = hf_model(model_path)
+    for prompt, ours in zip(PROMPTS, tokens):
+        ref = hf.generate(torch.tensor([prompt]), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False)
+        assert ours == ref[0, len(prompt) :].tolist()
+
+
+def test_extend_on_cached_prefix_equals_full_extend(tiny_llama):
+    """The correctness mode's two-step prefill: cut_len tokens first, then the rest on the cached prefix."""
+    cut = 2
+    runner = make_runner(tiny_llama)
+    full_logits, _ = run_greedy(runner, PROMPTS, steps=1)
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+
+    reqs = make_reqs([p[:cut] for p in PROMPTS])
+    extend(reqs, runner)
+    for req, prompt in zip(reqs, PROMPTS):
+        req.full_untruncated_fill_ids.extend(prompt[cut:])
+        req.fill_len = len(prompt)
+        req.prefix_indices = runner.req_to_token_pool.req_to_token[req.req_pool_idx, :cut].long()
+    free_before = runner.token_to_kv_pool_allocator.available_size()
+    _, logits, batch = extend(reqs, runner)
+    assert batch.prefix_lens == [cut] * len(PROMPTS)
+    # Only the suffix got new KV slots: the prefix was reused, not recomputed.
+    assert free_before - runner.token_to_kv_pool_allocator.available_size() == sum(len(p) - cut for p in PROMPTS)
+    torch.testing.assert_close(logits, full_logits, atol=1e-5, rtol=0)
+
+
+def test_bfloat16_close_to_hf(tiny_llama):
+    logits, _ = run_greedy(make_runner(tiny_llama, dtype=torch.bfloat16), PROMPTS, steps=1)
+    hf = hf_model(tiny_llama, dtype=torch.bfloat16)
+    with torch.no_grad():
+        ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS]).float()
+    assert (logits - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+def test_llama3_rope_scaling_matches_hf(make_model):
+    rope = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 64, "rope_theta": 500000.0}  # fmt: skip
+    path = make_model("llama", rope_parameters=rope)
+    long_prompt = [list(range(1, 200))]
+    logits, _ = run_greedy(make_runner(path), long_prompt, steps=1)
+    with torch.no_grad():
+        ref = hf_model(path)(torch.tensor(long_prompt)).logits[:, -1]
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+
+
+def test_dummy_weights_are_deterministic(tiny_llama):
+    a, _ = run_greedy(make_runner(tiny_llama, load_format="dummy"), PROMPTS, steps=1)
+    b, _ = run_greedy(make_runner(tiny_llama, load_format="dummy"), PROMPTS, steps=1)
+    torch.testing.assert_close(a, b, atol=0, rtol=0)
+    real, _ = run_greedy(make_runner(tiny_llama), PROMPTS, steps=1)
+    assert not torch.allclose(a, real)
