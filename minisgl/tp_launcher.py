@@ -1,17 +1,15 @@
 """Run a bench ``work(server_args, bench_args, tp_rank, dist_init_method)`` on every tensor-parallel rank.
 
 One process per rank (spawn start method), torch.distributed initialised over a free local TCP port.
-Each rank reports to the parent once, through a queue: its result (only rank 0's is kept and returned)
-or a one-line error. The first failure takes the whole group down within seconds: the other ranks are
-terminated, then killed, and all are joined, so nothing hangs and no process is left behind. A rank
-that dies without reporting (killed, out of memory) counts as failed too, and a rank whose parent
-disappears exits by itself. A rank's ``InputError`` is re-raised as ``InputError`` (the CLI exits 2),
-anything else as ``TPRankError`` (exit 1); either way it is shown once, prefixed with the rank.
+Each rank reports once through a queue: its result (rank 0's is returned) or a one-line error. The first
+failure takes the group down within seconds: the other ranks are terminated, then killed, and all are
+joined, so nothing hangs and nothing is left behind; a rank that dies without reporting counts as failed,
+and a rank whose parent disappears exits by itself. A rank's ``InputError`` is re-raised as ``InputError``
+(the CLI exits 2), anything else as ``TPRankError`` (exit 1), shown once and prefixed with the rank.
 
-SGLang's ``bench_one_batch.main`` also starts a ``multiprocessing.Process`` per rank with the spawn
-method and cleans up with ``kill_process_tree``; it additionally places ranks across nodes
-(``--nnodes``/``--node-rank``/``--dist-init-addr``), joins every rank without collecting results and
-lets each rank's own traceback reach the console.
+SGLang's ``bench_one_batch.main`` also starts a ``multiprocessing.Process`` per rank (spawn) and ends with
+``kill_process_tree``; it also places ranks across nodes (``--nnodes``, ``--dist-init-addr``), joins the
+ranks without collecting results, and lets each rank print its own traceback.
 """
 
 from __future__ import annotations
@@ -57,12 +55,6 @@ def _describe(e: Exception) -> str:
     text = f"{type(e).__name__}: {lines[0]}" if lines else type(e).__name__
     frames = traceback.extract_tb(e.__traceback__)
     return f"{text} ({os.path.basename(frames[-1].filename)}:{frames[-1].lineno})" if frames else text
-
-
-def _exit_text(exitcode: int) -> str:
-    if exitcode < 0:
-        return f"killed by signal {signal.Signals(-exitcode).name} without reporting (out of memory?)"
-    return f"exited with code {exitcode} without reporting"
 
 
 def _watch_parent(parent_pid: int) -> None:
@@ -112,46 +104,41 @@ def _stop(procs: list, wait_s: float) -> None:
         p.join()
 
 
+def _dead_text(exitcode: int) -> str:
+    if exitcode < 0:
+        return f"killed by signal {signal.Signals(-exitcode).name} without reporting (out of memory?)"
+    return f"exited with code {exitcode} without reporting"
+
+
 def launch_tp(work, server_args, bench_args):
     """Run ``work`` on ``server_args.tp_size`` ranks; return rank 0's result or raise the first failure."""
-    tp_size = server_args.tp_size
-    ctx = mp.get_context("spawn")
-    reports = ctx.Queue()
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
+    tp_size, ctx = server_args.tp_size, mp.get_context("spawn")
+    reports, init_method = ctx.Queue(), f"tcp://127.0.0.1:{_free_port()}"
     procs = [
-        ctx.Process(
-            target=_rank_main,
-            args=(work, server_args, bench_args, rank, init_method, reports, os.getpid()),
-            name=f"minisgl-tp{rank}",
-            daemon=True,
-        )
+        ctx.Process(target=_rank_main, name=f"minisgl-tp{rank}", daemon=True,
+                    args=(work, server_args, bench_args, rank, init_method, reports, os.getpid()))
         for rank in range(tp_size)
-    ]
+    ]  # fmt: skip
     reported: dict[int, tuple[str, object]] = {}  # rank -> (kind, payload), in arrival order
     dead_since: dict[int, float] = {}
     failure, first_failure_at, all_ok = None, None, False
     try:
         for p in procs:
             p.start()
-        while True:
+        while failure is None and not all_ok:
             _drain(reports, reported, _POLL_S)
             now = time.monotonic()
             for rank, p in enumerate(procs):
                 if rank not in reported and p.exitcode is not None:
                     if now - dead_since.setdefault(rank, now) > _REPORT_GRACE_S:
-                        reported[rank] = ("died", _exit_text(p.exitcode))
+                        reported[rank] = ("died", _dead_text(p.exitcode))
             failures = [(rank, kind, msg) for rank, (kind, msg) in reported.items() if kind != "ok"]
-            failure = next((f for f in failures if f[1] != "peer"), None)
-            if failure is not None:
-                break
-            if failures:
+            failure = next((f for f in failures if f[1] != "peer"), None)  # the cause, not a peer's symptom
+            if failures and failure is None:
                 first_failure_at = first_failure_at or now
                 if now - first_failure_at > _PEER_WAIT_S or len(reported) == tp_size:
                     failure = failures[0]
-                    break
-            elif len(reported) == tp_size:
-                all_ok = True
-                break
+            all_ok = not failures and len(reported) == tp_size
     finally:  # also on Ctrl-C in the parent
         _stop(procs, wait_s=_KILL_GRACE_S if all_ok else 0.0)
         reports.close()

@@ -33,9 +33,9 @@ NOT_SHARDED = ("embed_tokens", "lm_head", "norm")  # vocab-split (ceil) or repli
 
 
 def _probe(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, dist_init_method: str | None):
-    """One rank: correctness-mode records, then a fresh full-prompt prefill's logits and parameter bytes."""
+    """One rank: a full-prompt prefill's logits and every rank's parameter bytes, then the bench's own
+    ``work`` (the correctness mode: records written by rank 0, process group destroyed)."""
     try:
-        records = bench_one_batch.correctness_test(server_args, bench_args, tp_rank, dist_init_method)
         runner, tokenizer = bench_one_batch.load_model(server_args, tp_rank, dist_init_method)
         no_cut = dataclasses.replace(bench_args, cut_len=0)
         _, _, reqs = bench_one_batch.prepare_inputs_for_correctness_test(no_cut, tokenizer, [])
@@ -46,6 +46,7 @@ def _probe(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, dist_in
         nbytes = [(sharded, runner.torch_runner.weight_bytes)] * server_args.tp_size
         if server_args.tp_size > 1:
             dist.all_gather_object(nbytes, nbytes[0])
+        records = bench_one_batch.work(server_args, bench_args, tp_rank, dist_init_method)
         return {"records": records, "logits": logits, "bytes": nbytes}
     finally:
         destroy_distributed_environment()
@@ -53,8 +54,10 @@ def _probe(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, dist_in
 
 def _fail_work(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, dist_init_method: str | None):
     """Rank 1 fails as ``bench_args.run_name`` says while rank 0 blocks; pids go to ``result_filename`` (a dir)."""
-    mode = bench_args.run_name
-    Path(bench_args.result_filename, f"rank{tp_rank}.pid").write_text(str(os.getpid()))
+    mode, pid_dir = bench_args.run_name, Path(bench_args.result_filename)
+    (pid_dir / f"rank{tp_rank}.pid").write_text(str(os.getpid()))
+    while not (pid_dir / "rank0.pid").exists():  # fail only once rank 0 is really running
+        time.sleep(0.05)
     if mode == "collective":  # rank 0 waits in an all-reduce that rank 1 never joins
         init_distributed_environment(tp_rank, server_args.tp_size, dist_init_method, torch.device("cpu"))
         try:
@@ -80,7 +83,7 @@ def _alive(pid: int) -> bool:
 
 
 def _args(model_dir, tp: int, result: Path, **bench) -> tuple[ServerArgs, BenchArgs]:
-    server_args = ServerArgs(model_path=str(model_dir), tp_size=tp, max_total_tokens=2000)
+    server_args = ServerArgs(model_path=str(model_dir), dtype="float32", tp_size=tp, max_total_tokens=2000)
     return server_args, BenchArgs(result_filename=str(result), **bench)
 
 
@@ -134,6 +137,13 @@ def test_each_rank_holds_half_the_parameters(probe, make_model):
     for sharded, total in tp2["bytes"]:
         assert abs(sharded / ref_sharded - 0.5) < 0.01
         assert 0.5 <= total / ref_total < 0.55  # the replicated norms are tiny
+
+
+def test_kv_heads_are_replicated_when_fewer_than_ranks(probe, make_model):
+    ref, tp2, _ = probe(make_model(**MODELS["llama-1kv"]))
+    kv = 2 * 2 * 16 * 64 * 4  # layers x (k, v) x head_dim x hidden x float32: the one KV head, whole on each rank
+    (ref_sharded, _), *_ = ref["bytes"]
+    assert [sharded for sharded, _ in tp2["bytes"]] == [(ref_sharded - kv) // 2 + kv] * 2
 
 
 def test_latency_mode_tp2_cli(make_model, tmp_path):
