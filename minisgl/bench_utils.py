@@ -74,6 +74,10 @@ class SweepProgress:
             self.progress.advance(self.sweep_task)
 
 
+def _fmt(value: float | None, spec: str) -> str:
+    return "-" if value is None else format(value, spec)  # no decode step when output_len == 1
+
+
 def print_summary(results: list[dict]) -> None:
     """One row per measured combination; ASCII borders and no colour when stdout is not a terminal."""
     if not results:
@@ -87,7 +91,7 @@ def print_summary(results: list[dict]) -> None:
         table.add_row(
             r["run_name"], str(r["batch_size"]), str(r["input_len"]), str(r["output_len"]),
             f"{r['prefill_latency']:.5f}", f"{r['prefill_throughput']:.2f}",
-            f"{r.get('median_decode_latency', float('nan')):.5f}", f"{r.get('median_decode_throughput', float('nan')):.2f}",
+            _fmt(r.get("median_decode_latency"), ".5f"), _fmt(r.get("median_decode_throughput"), ".2f"),
             f"{r['total_latency']:.3f}", f"{r['overall_throughput']:.2f}",
         )  # fmt: skip
     Console(force_terminal=tty, width=None if tty else 120).print(table)
