@@ -33,7 +33,7 @@ class ExtendMetadata:
 
 @dataclass
 class DecodeMetadata:
-    kv_indices: torch.Tensor  # [batch, max_seq_len] KV slots (padding rows point at slot 0)
+    kv_indices: torch.Tensor  # [batch, max_seq_len] KV slots (padding positions point at slot 0)
     mask: torch.Tensor  # [batch, 1, 1, max_seq_len], True where a position is real
 
 
@@ -76,8 +76,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         for kv_idx, mask, rows in zip(meta.kv_indices, meta.masks, meta.q_slices):
             out[rows] = F.scaled_dot_product_attention(
                 q[rows].transpose(0, 1),
-                k_buffer[kv_idx].transpose(0, 1),
-                v_buffer[kv_idx].transpose(0, 1),
+                k_buffer.index_select(0, kv_idx).transpose(0, 1),
+                v_buffer.index_select(0, kv_idx).transpose(0, 1),
                 attn_mask=mask,
                 is_causal=mask is None,
                 scale=layer.scaling,
@@ -89,8 +89,16 @@ class TorchNativeAttnBackend(AttentionBackend):
         pool = forward_batch.token_to_kv_pool
         pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         meta: DecodeMetadata = self.forward_metadata
-        keys = pool.get_key_buffer(layer.layer_id)[meta.kv_indices].transpose(1, 2)
-        values = pool.get_value_buffer(layer.layer_id)[meta.kv_indices].transpose(1, 2)
+        batch, max_len = meta.kv_indices.shape
+        flat = meta.kv_indices.view(-1)
+        # index_select on the flat slot list is several times faster than advanced indexing on CPU.
+        keys = pool.get_key_buffer(layer.layer_id).index_select(0, flat)
+        values = pool.get_value_buffer(layer.layer_id).index_select(0, flat)
+        kv_shape = (batch, max_len, layer.tp_k_head_num, layer.head_dim)
+        keys, values = keys.view(kv_shape).transpose(1, 2), values.view(kv_shape).transpose(1, 2)
         q = q.view(-1, layer.tp_q_head_num, 1, layer.head_dim)
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=meta.mask, scale=layer.scaling, enable_gqa=True)
-        return out.reshape(-1, layer.tp_q_head_num * layer.head_dim)
+        # One-query attention in float32: CPU SDPA kernels are several times slower for 16-bit inputs here.
+        out = F.scaled_dot_product_attention(
+            q.float(), keys.float(), values.float(), attn_mask=meta.mask, scale=layer.scaling, enable_gqa=True
+        )
+        return out.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.head_dim)

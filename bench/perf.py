@@ -1,0 +1,189 @@
+"""minisgl against HF transformers and against this machine's roofline, measured side by side in one run.
+
+    python bench/perf.py                       # both models, both dtypes, all workloads (~15 min on 2 cores)
+    python bench/perf.py --models dummy134 --dtypes float32 --workloads 1,128,32 --reps 3
+
+minisgl runs through the same code as ``bench_one_batch`` (``load_model`` + ``latency_test_run_once``);
+HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same weights. Engines alternate
+between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and
+the memory read bandwidth are measured in the same process. Results: a table, and JSON (``--output``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import os
+import statistics
+import tempfile
+import time
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from rich.console import Console  # noqa: E402
+from rich.table import Table  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+
+from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
+from minisgl.model_loader.default_model import default_model_path  # noqa: E402
+from minisgl.server_args import ServerArgs  # noqa: E402
+
+WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def median_time(fn, reps: int) -> float:
+    fn()
+    times = []
+    for _ in range(reps):
+        tic = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times)
+
+
+def machine_peaks(reps: int = 5) -> dict:
+    peaks = {}
+    for name, dtype in DTYPES.items():
+        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        peaks[f"matmul_{name}_flops"] = 2 * 2048**3 / median_time(lambda a=a, b=b: a @ b, reps)
+    matrix, vector = torch.randn(16384, 16384), torch.randn(16384)  # 1 GiB, far past any cache
+    peaks["read_bandwidth_bytes"] = matrix.numel() * 4 / median_time(lambda: torch.mv(matrix, vector), reps)
+    return peaks
+
+
+def model_dirs() -> dict:
+    """The two models, as (model_path for minisgl, loader for the same weights in HF)."""
+    smol = default_model_path()
+    directory, name = smol.rsplit("/", 1)
+    dummy_dir = tempfile.mkdtemp(prefix="dummy134-")
+    config = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
+                         tie_word_embeddings=False, architectures=["LlamaForCausalLM"])  # fmt: skip
+    torch.manual_seed(0)
+    AutoModelForCausalLM.from_config(config).save_pretrained(dummy_dir)
+    from minisgl.utils.hf_transformers_utils import get_tokenizer
+
+    get_tokenizer(smol).save_pretrained(dummy_dir)  # any tokenizer: the workload is synthetic ids
+    return {
+        "smollm2": (smol, lambda dtype: AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype)),
+        "dummy134": (dummy_dir, lambda dtype: AutoModelForCausalLM.from_pretrained(dummy_dir, dtype=dtype)),
+    }
+
+
+def exact_prefill_flops(model, batch: int, input_len: int) -> float:
+    cfg = model.config
+    layer_params = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n)
+    attention = 2 * input_len**2 * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    per_seq = 2 * layer_params * input_len + cfg.num_hidden_layers * attention + 2 * cfg.hidden_size * cfg.vocab_size
+    return batch * per_seq
+
+
+def decode_bytes(model) -> int:
+    """Bytes a decode step must read: every weight but the embedding table (the LM head counts)."""
+    embed = model.get_input_embeddings().weight
+    total = sum(p.numel() * p.element_size() for p in model.parameters())
+    tied = model.config.tie_word_embeddings
+    return total if tied else total - embed.numel() * embed.element_size()
+
+
+def run_minisgl(runner, batch, input_len, output_len, vocab):
+    reqs = prepare_synthetic_inputs_for_latency_test(batch, input_len, output_len, vocab, seed=0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        r = latency_test_run_once("perf", runner, print, reqs, batch, input_len, output_len, 0, False, False,
+                                  ("CPU",), "", "all")  # fmt: skip
+    return r["prefill_latency"], r["median_decode_latency"]
+
+
+def run_hf(model, batch, input_len, output_len, vocab):
+    ids = torch.randint(0, min(vocab, 10000), (batch, input_len), generator=torch.Generator().manual_seed(0))
+    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
+
+    def generate(n):
+        tic = time.perf_counter()
+        with torch.no_grad():
+            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
+        return time.perf_counter() - tic
+
+    prefill = generate(1)
+    return prefill, (generate(output_len) - prefill) / (output_len - 1)
+
+
+def summarize(values):
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2", "dummy134"], choices=["smollm2", "dummy134"])
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--workloads", nargs="+", default=[",".join(map(str, w)) for w in WORKLOADS])
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--output", default="bench/results.json")
+    args = parser.parse_args()
+    workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
+    peaks = machine_peaks()
+    models = model_dirs()
+    rows = []
+    for model_name in args.models:
+        path, hf_loader = models[model_name]
+        for dtype_name in args.dtypes:
+            max_tokens = max(b * (i + o) for b, i, o in workloads) + 64
+            server_args = ServerArgs(model_path=path, dtype=dtype_name, max_total_tokens=max_tokens)
+            with contextlib.redirect_stdout(io.StringIO()):
+                runner, _ = load_model(server_args, 0)
+            hf = hf_loader(DTYPES[dtype_name]).eval()
+            vocab = hf.config.vocab_size
+            for b, i, o in workloads:
+                run_minisgl(runner, b, i, min(o, 4), vocab)  # warm-up, as the bench does
+                run_hf(hf, b, i, min(o, 4), vocab)
+                samples = {"minisgl": [], "hf": []}
+                for _ in range(args.reps):  # alternate engines so drifting machine load hits both alike
+                    samples["minisgl"].append(run_minisgl(runner, b, i, o, vocab))
+                    samples["hf"].append(run_hf(hf, b, i, o, vocab))
+                row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
+                for engine, values in samples.items():
+                    row[f"{engine}_prefill_s"] = summarize([v[0] for v in values])
+                    row[f"{engine}_decode_s"] = summarize([v[1] for v in values])
+                flops, floor = exact_prefill_flops(hf, b, i), decode_bytes(hf) / peaks["read_bandwidth_bytes"]
+                for engine in samples:
+                    row[f"{engine}_prefill_peak_share"] = (
+                        flops / row[f"{engine}_prefill_s"]["median"] / peaks[f"matmul_{dtype_name}_flops"]
+                    )
+                    row[f"{engine}_decode_floor_share"] = floor / row[f"{engine}_decode_s"]["median"]
+                row["prefill_speedup"] = row["hf_prefill_s"]["median"] / row["minisgl_prefill_s"]["median"]
+                row["decode_speedup"] = row["hf_decode_s"]["median"] / row["minisgl_decode_s"]["median"]
+                rows.append(row)
+                print(f"{model_name} {dtype_name} {b},{i},{o}: decode x{row['decode_speedup']:.2f}, "
+                      f"prefill x{row['prefill_speedup']:.2f} (HF time / minisgl time)", flush=True)  # fmt: skip
+            del runner, hf
+    print_table(rows, peaks)
+    with open(args.output, "w") as f:
+        json.dump({"peaks": peaks, "rows": rows}, f, indent=1)
+    print(f"written {args.output}")
+
+
+def print_table(rows, peaks) -> None:
+    table = Table(title=(f"matmul peak fp32 {peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, "
+                         f"bf16 {peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s; "
+                         f"read bandwidth {peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s"))  # fmt: skip
+    for col in ("model", "dtype", "B,I,O", "prefill ms mini [min-max]", "prefill ms HF", "prefill x", "% peak mini",
+                "% peak HF", "decode ms mini [min-max]", "decode ms HF", "decode x", "% floor mini", "% floor HF"):  # fmt: skip
+        table.add_column(col, justify="right")
+    for r in rows:
+        mp, hp, md, hd = r["minisgl_prefill_s"], r["hf_prefill_s"], r["minisgl_decode_s"], r["hf_decode_s"]
+        table.add_row(
+            r["model"], r["dtype"], f"{r['batch']},{r['input']},{r['output']}",
+            f"{mp['median'] * 1e3:.1f} [{mp['min'] * 1e3:.1f}-{mp['max'] * 1e3:.1f}]", f"{hp['median'] * 1e3:.1f}",
+            f"{r['prefill_speedup']:.2f}", f"{r['minisgl_prefill_peak_share']:.0%}", f"{r['hf_prefill_peak_share']:.0%}",
+            f"{md['median'] * 1e3:.2f} [{md['min'] * 1e3:.2f}-{md['max'] * 1e3:.2f}]", f"{hd['median'] * 1e3:.2f}",
+            f"{r['decode_speedup']:.2f}", f"{r['minisgl_decode_floor_share']:.0%}", f"{r['hf_decode_floor_share']:.0%}",
+        )  # fmt: skip
+    Console(width=250).print(table)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,502 @@
+"""Every minisgl piece's counterpart in SGLang 0.5.14: ``qualified name -> (SGLang qualified name, file)``.
+
+Keyed by minisgl qualified name, so an entry moves with its code only through a rename here;
+``python -m reader check`` fails when a key no longer names minisgl code, when a counterpart is missing
+from SGLang's source, or when a piece on a chain has neither an entry nor a reason in ``NO_COUNTERPART``.
+"""
+
+from __future__ import annotations
+
+SGLANG_VERSION = "0.5.14"
+
+COUNTERPARTS: dict[str, tuple[str, str]] = {
+    "minisgl.bench_args.BenchArgs": ("BenchArgs", "sglang/bench_one_batch.py"),
+    "minisgl.bench_args.BenchArgs.add_cli_args": ("BenchArgs.add_cli_args", "sglang/bench_one_batch.py"),
+    "minisgl.bench_args.BenchArgs.from_cli_args": ("BenchArgs.from_cli_args", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch._TorchBenchRunner": ("_TorchBenchRunner", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch._TorchBenchRunner.__init__": ("_TorchBenchRunner.__init__", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch._TorchBenchRunner.cleanup": ("_TorchBenchRunner.cleanup", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch._TorchBenchRunner.clear": ("_TorchBenchRunner.clear", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch._TorchBenchRunner.decode": ("_TorchBenchRunner.decode", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch._TorchBenchRunner.extend": ("_TorchBenchRunner.extend", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch._TorchBenchRunner.max_batch_size": (
+        "_TorchBenchRunner.max_batch_size",
+        "sglang/bench_one_batch.py",
+    ),
+    "minisgl.bench_one_batch._TorchBenchRunner.synchronize": (
+        "_TorchBenchRunner.synchronize",
+        "sglang/bench_one_batch.py",
+    ),
+    "minisgl.bench_one_batch._read_prompts_from_file": ("_read_prompts_from_file", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.correctness_test": ("correctness_test", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.decode": ("decode", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.extend": ("extend", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.latency_test": ("latency_test", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.latency_test_run_once": ("latency_test_run_once", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.load_model": ("load_model", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.main": ("main", "sglang/bench_one_batch.py"),
+    "minisgl.bench_one_batch.prepare_extend_inputs_for_correctness_test": (
+        "prepare_extend_inputs_for_correctness_test",
+        "sglang/bench_one_batch.py",
+    ),
+    "minisgl.bench_one_batch.prepare_inputs_for_correctness_test": (
+        "prepare_inputs_for_correctness_test",
+        "sglang/bench_one_batch.py",
+    ),
+    "minisgl.bench_one_batch.prepare_synthetic_inputs_for_latency_test": (
+        "prepare_synthetic_inputs_for_latency_test",
+        "sglang/bench_one_batch.py",
+    ),
+    "minisgl.configs.model_config.ModelConfig": ("ModelConfig", "sglang/srt/configs/model_config.py"),
+    "minisgl.configs.model_config.ModelConfig.from_hf_config": (
+        "ModelConfig.from_server_args",
+        "sglang/srt/configs/model_config.py",
+    ),
+    "minisgl.configs.model_config.ModelConfig.get_num_kv_heads": (
+        "ModelConfig.get_num_kv_heads",
+        "sglang/srt/configs/model_config.py",
+    ),
+    "minisgl.configs.model_config.resolve_dtype": ("_get_and_verify_dtype", "sglang/srt/configs/model_config.py"),
+    "minisgl.distributed.parallel_state.destroy_distributed_environment": (
+        "destroy_distributed_environment",
+        "sglang/srt/distributed/parallel_state.py",
+    ),
+    "minisgl.distributed.parallel_state.get_tensor_model_parallel_rank": (
+        "get_tensor_model_parallel_rank",
+        "sglang/srt/distributed/parallel_state.py",
+    ),
+    "minisgl.distributed.parallel_state.get_tensor_model_parallel_world_size": (
+        "get_tensor_model_parallel_world_size",
+        "sglang/srt/distributed/parallel_state.py",
+    ),
+    "minisgl.distributed.parallel_state.init_distributed_environment": (
+        "init_distributed_environment",
+        "sglang/srt/distributed/parallel_state.py",
+    ),
+    "minisgl.distributed.parallel_state.tensor_model_parallel_all_gather": (
+        "tensor_model_parallel_all_gather",
+        "sglang/srt/distributed/communication_op.py",
+    ),
+    "minisgl.distributed.parallel_state.tensor_model_parallel_all_reduce": (
+        "tensor_model_parallel_all_reduce",
+        "sglang/srt/distributed/communication_op.py",
+    ),
+    "minisgl.layers.activation.SiluAndMul": ("SiluAndMul", "sglang/srt/layers/activation.py"),
+    "minisgl.layers.activation.SiluAndMul.forward": ("SiluAndMul.forward_native", "sglang/srt/layers/activation.py"),
+    "minisgl.layers.attention.base_attn_backend.AttentionBackend": (
+        "AttentionBackend",
+        "sglang/srt/layers/attention/base_attn_backend.py",
+    ),
+    "minisgl.layers.attention.base_attn_backend.AttentionBackend.forward": (
+        "AttentionBackend.forward",
+        "sglang/srt/layers/attention/base_attn_backend.py",
+    ),
+    "minisgl.layers.attention.base_attn_backend.AttentionBackend.forward_decode": (
+        "AttentionBackend.forward_decode",
+        "sglang/srt/layers/attention/base_attn_backend.py",
+    ),
+    "minisgl.layers.attention.base_attn_backend.AttentionBackend.forward_extend": (
+        "AttentionBackend.forward_extend",
+        "sglang/srt/layers/attention/base_attn_backend.py",
+    ),
+    "minisgl.layers.attention.base_attn_backend.AttentionBackend.init_forward_metadata": (
+        "AttentionBackend.init_forward_metadata",
+        "sglang/srt/layers/attention/base_attn_backend.py",
+    ),
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend": (
+        "TorchNativeAttnBackend",
+        "sglang/srt/layers/attention/torch_native_backend.py",
+    ),
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.__init__": (
+        "TorchNativeAttnBackend.__init__",
+        "sglang/srt/layers/attention/torch_native_backend.py",
+    ),
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_decode": (
+        "TorchNativeAttnBackend.forward_decode",
+        "sglang/srt/layers/attention/torch_native_backend.py",
+    ),
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_extend": (
+        "TorchNativeAttnBackend.forward_extend",
+        "sglang/srt/layers/attention/torch_native_backend.py",
+    ),
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata": (
+        "TorchNativeAttnBackend.init_forward_metadata",
+        "sglang/srt/layers/attention/torch_native_backend.py",
+    ),
+    "minisgl.layers.layernorm.RMSNorm": ("RMSNorm", "sglang/srt/layers/layernorm.py"),
+    "minisgl.layers.layernorm.RMSNorm.__init__": ("RMSNorm.__init__", "sglang/srt/layers/layernorm.py"),
+    "minisgl.layers.layernorm.RMSNorm.forward": ("RMSNorm.forward_native", "sglang/srt/layers/layernorm.py"),
+    "minisgl.layers.linear.ColumnParallelLinear": ("ColumnParallelLinear", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.ColumnParallelLinear.__init__": (
+        "ColumnParallelLinear.__init__",
+        "sglang/srt/layers/linear.py",
+    ),
+    "minisgl.layers.linear.ColumnParallelLinear.weight_loader": (
+        "ColumnParallelLinear.weight_loader",
+        "sglang/srt/layers/linear.py",
+    ),
+    "minisgl.layers.linear.MergedColumnParallelLinear": ("MergedColumnParallelLinear", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.MergedColumnParallelLinear.__init__": (
+        "MergedColumnParallelLinear.__init__",
+        "sglang/srt/layers/linear.py",
+    ),
+    "minisgl.layers.linear.MergedColumnParallelLinear.weight_loader": (
+        "MergedColumnParallelLinear.weight_loader",
+        "sglang/srt/layers/linear.py",
+    ),
+    "minisgl.layers.linear.QKVParallelLinear": ("QKVParallelLinear", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.QKVParallelLinear.__init__": ("QKVParallelLinear.__init__", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.QKVParallelLinear.weight_loader": (
+        "QKVParallelLinear.weight_loader",
+        "sglang/srt/layers/linear.py",
+    ),
+    "minisgl.layers.linear.ReplicatedLinear": ("ReplicatedLinear", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.ReplicatedLinear.__init__": ("ReplicatedLinear.__init__", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.ReplicatedLinear.forward": ("ReplicatedLinear.forward", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.RowParallelLinear": ("RowParallelLinear", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.RowParallelLinear.__init__": ("RowParallelLinear.__init__", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.RowParallelLinear.forward": ("RowParallelLinear.forward", "sglang/srt/layers/linear.py"),
+    "minisgl.layers.linear.RowParallelLinear.weight_loader": (
+        "RowParallelLinear.weight_loader",
+        "sglang/srt/layers/linear.py",
+    ),
+    "minisgl.layers.linear.default_weight_loader": ("default_weight_loader", "sglang/srt/model_loader/weight_utils.py"),
+    "minisgl.layers.logits_processor.LogitsProcessor": ("LogitsProcessor", "sglang/srt/layers/logits_processor.py"),
+    "minisgl.layers.logits_processor.LogitsProcessor.__init__": (
+        "LogitsProcessor.__init__",
+        "sglang/srt/layers/logits_processor.py",
+    ),
+    "minisgl.layers.logits_processor.LogitsProcessor.forward": (
+        "LogitsProcessor.forward",
+        "sglang/srt/layers/logits_processor.py",
+    ),
+    "minisgl.layers.logits_processor.LogitsProcessorOutput": (
+        "LogitsProcessorOutput",
+        "sglang/srt/layers/logits_processor.py",
+    ),
+    "minisgl.layers.radix_attention.RadixAttention": ("RadixAttention", "sglang/srt/layers/radix_attention.py"),
+    "minisgl.layers.radix_attention.RadixAttention.__init__": (
+        "RadixAttention.__init__",
+        "sglang/srt/layers/radix_attention.py",
+    ),
+    "minisgl.layers.radix_attention.RadixAttention.forward": (
+        "RadixAttention.forward",
+        "sglang/srt/layers/radix_attention.py",
+    ),
+    "minisgl.layers.rotary_embedding.RotaryEmbedding": (
+        "RotaryEmbedding",
+        "sglang/srt/layers/rotary_embedding/base.py",
+    ),
+    "minisgl.layers.rotary_embedding.RotaryEmbedding.__init__": (
+        "RotaryEmbedding.__init__",
+        "sglang/srt/layers/rotary_embedding/base.py",
+    ),
+    "minisgl.layers.rotary_embedding.RotaryEmbedding.forward": (
+        "RotaryEmbedding.forward_native",
+        "sglang/srt/layers/rotary_embedding/base.py",
+    ),
+    "minisgl.layers.rotary_embedding._rotate": (
+        "apply_rotary_pos_emb_native",
+        "sglang/srt/layers/rotary_embedding/utils.py",
+    ),
+    "minisgl.layers.rotary_embedding.get_rope": ("get_rope", "sglang/srt/layers/rotary_embedding/factory.py"),
+    "minisgl.layers.sampler.Sampler": ("Sampler", "sglang/srt/layers/sampler.py"),
+    "minisgl.layers.sampler.Sampler.forward": ("Sampler.forward", "sglang/srt/layers/sampler.py"),
+    "minisgl.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch": (
+        "top_k_top_p_min_p_sampling_from_probs_torch",
+        "sglang/srt/layers/sampler.py",
+    ),
+    "minisgl.layers.vocab_parallel_embedding.ParallelLMHead": (
+        "ParallelLMHead",
+        "sglang/srt/layers/vocab_parallel_embedding.py",
+    ),
+    "minisgl.layers.vocab_parallel_embedding.VocabParallelEmbedding": (
+        "VocabParallelEmbedding",
+        "sglang/srt/layers/vocab_parallel_embedding.py",
+    ),
+    "minisgl.layers.vocab_parallel_embedding.VocabParallelEmbedding.__init__": (
+        "VocabParallelEmbedding.__init__",
+        "sglang/srt/layers/vocab_parallel_embedding.py",
+    ),
+    "minisgl.layers.vocab_parallel_embedding.VocabParallelEmbedding.forward": (
+        "VocabParallelEmbedding.forward",
+        "sglang/srt/layers/vocab_parallel_embedding.py",
+    ),
+    "minisgl.layers.vocab_parallel_embedding.VocabParallelEmbedding.weight_loader": (
+        "VocabParallelEmbedding.weight_loader",
+        "sglang/srt/layers/vocab_parallel_embedding.py",
+    ),
+    "minisgl.managers.schedule_batch.Req": ("Req", "sglang/srt/managers/schedule_batch.py"),
+    "minisgl.managers.schedule_batch.Req.__init__": ("Req.__init__", "sglang/srt/managers/schedule_batch.py"),
+    "minisgl.managers.schedule_batch.Req.finished": ("Req.finished", "sglang/srt/managers/schedule_batch.py"),
+    "minisgl.managers.schedule_batch.Req.get_fill_ids": ("Req.get_fill_ids", "sglang/srt/managers/schedule_batch.py"),
+    "minisgl.managers.schedule_batch.Req.seqlen": ("Req.seqlen", "sglang/srt/managers/schedule_batch.py"),
+    "minisgl.managers.schedule_batch.Req.set_extend_input_len": (
+        "Req.set_extend_input_len",
+        "sglang/srt/managers/schedule_batch.py",
+    ),
+    "minisgl.managers.schedule_batch.ScheduleBatch": ("ScheduleBatch", "sglang/srt/managers/schedule_batch.py"),
+    "minisgl.managers.schedule_batch.ScheduleBatch.batch_size": (
+        "ScheduleBatch.batch_size",
+        "sglang/srt/managers/schedule_batch.py",
+    ),
+    "minisgl.managers.schedule_batch.ScheduleBatch.init_new": (
+        "ScheduleBatch.init_new",
+        "sglang/srt/managers/schedule_batch.py",
+    ),
+    "minisgl.managers.schedule_batch.ScheduleBatch.prepare_for_decode": (
+        "ScheduleBatch.prepare_for_decode",
+        "sglang/srt/managers/schedule_batch.py",
+    ),
+    "minisgl.managers.schedule_batch.ScheduleBatch.prepare_for_extend": (
+        "ScheduleBatch.prepare_for_extend",
+        "sglang/srt/managers/schedule_batch.py",
+    ),
+    "minisgl.mem_cache.allocator.token.TokenToKVPoolAllocator": (
+        "TokenToKVPoolAllocator",
+        "sglang/srt/mem_cache/allocator/token.py",
+    ),
+    "minisgl.mem_cache.allocator.token.TokenToKVPoolAllocator.__init__": (
+        "TokenToKVPoolAllocator.__init__",
+        "sglang/srt/mem_cache/allocator/token.py",
+    ),
+    "minisgl.mem_cache.allocator.token.TokenToKVPoolAllocator.alloc": (
+        "TokenToKVPoolAllocator.alloc",
+        "sglang/srt/mem_cache/allocator/token.py",
+    ),
+    "minisgl.mem_cache.allocator.token.TokenToKVPoolAllocator.available_size": (
+        "TokenToKVPoolAllocator.available_size",
+        "sglang/srt/mem_cache/allocator/token.py",
+    ),
+    "minisgl.mem_cache.allocator.token.TokenToKVPoolAllocator.clear": (
+        "TokenToKVPoolAllocator.clear",
+        "sglang/srt/mem_cache/allocator/token.py",
+    ),
+    "minisgl.mem_cache.allocator.token.TokenToKVPoolAllocator.free": (
+        "TokenToKVPoolAllocator.free",
+        "sglang/srt/mem_cache/allocator/token.py",
+    ),
+    "minisgl.mem_cache.common.alloc_for_decode": ("alloc_for_decode", "sglang/srt/mem_cache/common.py"),
+    "minisgl.mem_cache.common.alloc_for_extend": ("alloc_for_extend", "sglang/srt/mem_cache/common.py"),
+    "minisgl.mem_cache.common.alloc_req_slots": ("alloc_req_slots", "sglang/srt/mem_cache/common.py"),
+    "minisgl.mem_cache.common.alloc_token_slots": ("alloc_token_slots", "sglang/srt/mem_cache/common.py"),
+    "minisgl.mem_cache.memory_pool.MHATokenToKVPool": ("MHATokenToKVPool", "sglang/srt/mem_cache/memory_pool.py"),
+    "minisgl.mem_cache.memory_pool.MHATokenToKVPool.__init__": (
+        "MHATokenToKVPool.__init__",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.MHATokenToKVPool.get_cell_size_per_token": (
+        "DefaultPoolConfigurator._compute_cell_size",
+        "sglang/srt/model_executor/pool_configurator.py",
+    ),
+    "minisgl.mem_cache.memory_pool.MHATokenToKVPool.get_key_buffer": (
+        "MHATokenToKVPool.get_key_buffer",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.MHATokenToKVPool.get_value_buffer": (
+        "MHATokenToKVPool.get_value_buffer",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.MHATokenToKVPool.set_kv_buffer": (
+        "MHATokenToKVPool.set_kv_buffer",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.ReqToTokenPool": ("ReqToTokenPool", "sglang/srt/mem_cache/memory_pool.py"),
+    "minisgl.mem_cache.memory_pool.ReqToTokenPool.__init__": (
+        "ReqToTokenPool.__init__",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.ReqToTokenPool.alloc": (
+        "ReqToTokenPool.alloc",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.ReqToTokenPool.available_size": (
+        "ReqToTokenPool.available_size",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.ReqToTokenPool.clear": (
+        "ReqToTokenPool.clear",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.mem_cache.memory_pool.ReqToTokenPool.free": ("ReqToTokenPool.free", "sglang/srt/mem_cache/memory_pool.py"),
+    "minisgl.mem_cache.memory_pool.ReqToTokenPool.write": (
+        "ReqToTokenPool.write",
+        "sglang/srt/mem_cache/memory_pool.py",
+    ),
+    "minisgl.model_executor.forward_batch_info.ForwardBatch": (
+        "ForwardBatch",
+        "sglang/srt/model_executor/forward_batch_info.py",
+    ),
+    "minisgl.model_executor.forward_batch_info.ForwardBatch.init_new": (
+        "ForwardBatch.init_new",
+        "sglang/srt/model_executor/forward_batch_info.py",
+    ),
+    "minisgl.model_executor.forward_batch_info.ForwardMode": (
+        "ForwardMode",
+        "sglang/srt/model_executor/forward_batch_info.py",
+    ),
+    "minisgl.model_executor.forward_batch_info.ForwardMode.is_decode": (
+        "ForwardMode.is_decode",
+        "sglang/srt/model_executor/forward_batch_info.py",
+    ),
+    "minisgl.model_executor.forward_batch_info.ForwardMode.is_extend": (
+        "ForwardMode.is_extend",
+        "sglang/srt/model_executor/forward_batch_info.py",
+    ),
+    "minisgl.model_executor.forward_batch_info.clamp_position": (
+        "_clamp_position_native",
+        "sglang/srt/model_executor/forward_batch_info.py",
+    ),
+    "minisgl.model_executor.forward_batch_info.compute_position": (
+        "compute_position",
+        "sglang/srt/model_executor/forward_batch_info.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunner": ("ModelRunner", "sglang/srt/model_executor/model_runner.py"),
+    "minisgl.model_executor.model_runner.ModelRunner.__init__": (
+        "ModelRunner.__init__",
+        "sglang/srt/model_executor/model_runner.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunner.forward": (
+        "ModelRunner.forward",
+        "sglang/srt/model_executor/model_runner.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunner.init_memory_pool": (
+        "ModelRunnerKVCacheMixin.init_memory_pool",
+        "sglang/srt/model_executor/model_runner_kv_cache_mixin.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunner.load_model": (
+        "ModelRunner.load_model",
+        "sglang/srt/model_executor/model_runner.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunner.profile_max_num_token": (
+        "ModelRunnerKVCacheMixin._profile_available_bytes",
+        "sglang/srt/model_executor/model_runner_kv_cache_mixin.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunner.sample": (
+        "ModelRunner.sample",
+        "sglang/srt/model_executor/model_runner.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunnerOutput": (
+        "ModelRunnerOutput",
+        "sglang/srt/model_executor/model_runner.py",
+    ),
+    "minisgl.model_loader.loader.get_model": ("get_model", "sglang/srt/model_loader/__init__.py"),
+    "minisgl.model_loader.loader.resolve_load_format": ("get_model_loader", "sglang/srt/model_loader/loader.py"),
+    "minisgl.model_loader.loader.set_default_torch_dtype": (
+        "set_default_torch_dtype",
+        "sglang/srt/model_loader/utils.py",
+    ),
+    "minisgl.model_loader.weight_utils._gguf_to_hf_name": (
+        "GGUFModelLoader._get_gguf_weights_map",
+        "sglang/srt/model_loader/loader.py",
+    ),
+    "minisgl.model_loader.weight_utils.dummy_weights_iterator": (
+        "initialize_dummy_weights",
+        "sglang/srt/model_loader/weight_utils.py",
+    ),
+    "minisgl.model_loader.weight_utils.gguf_quant_weights_iterator": (
+        "gguf_quant_weights_iterator",
+        "sglang/srt/model_loader/weight_utils.py",
+    ),
+    "minisgl.model_loader.weight_utils.safetensors_weights_iterator": (
+        "safetensors_weights_iterator",
+        "sglang/srt/model_loader/weight_utils.py",
+    ),
+    "minisgl.models.llama.LlamaAttention": ("LlamaAttention", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaAttention.__init__": ("LlamaAttention.__init__", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaAttention.forward": ("LlamaAttention.forward", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaDecoderLayer": ("LlamaDecoderLayer", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaDecoderLayer.__init__": ("LlamaDecoderLayer.__init__", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaDecoderLayer.forward": ("LlamaDecoderLayer.forward", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaForCausalLM": ("LlamaForCausalLM", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaForCausalLM.__init__": ("LlamaForCausalLM.__init__", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaForCausalLM.forward": ("LlamaForCausalLM.forward", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaForCausalLM.load_weights": (
+        "LlamaForCausalLM.load_weights",
+        "sglang/srt/models/llama.py",
+    ),
+    "minisgl.models.llama.LlamaMLP": ("LlamaMLP", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaMLP.__init__": ("LlamaMLP.__init__", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaMLP.forward": ("LlamaMLP.forward", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaModel": ("LlamaModel", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaModel.__init__": ("LlamaModel.__init__", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.LlamaModel.forward": ("LlamaModel.forward", "sglang/srt/models/llama.py"),
+    "minisgl.models.llama.MistralForCausalLM": ("MistralForCausalLM", "sglang/srt/models/mistral.py"),
+    "minisgl.models.llama.MistralForCausalLM.__init__": ("MistralForCausalLM", "sglang/srt/models/mistral.py"),
+    "minisgl.models.qwen2.Qwen2ForCausalLM": ("Qwen2ForCausalLM", "sglang/srt/models/qwen2.py"),
+    "minisgl.models.qwen3.Qwen3Attention": ("Qwen3Attention", "sglang/srt/models/qwen3.py"),
+    "minisgl.models.qwen3.Qwen3Attention.__init__": ("Qwen3Attention.__init__", "sglang/srt/models/qwen3.py"),
+    "minisgl.models.qwen3.Qwen3Attention.apply_qk_norm": ("apply_qk_norm", "sglang/srt/models/utils.py"),
+    "minisgl.models.qwen3.Qwen3DecoderLayer": ("Qwen3DecoderLayer", "sglang/srt/models/qwen3.py"),
+    "minisgl.models.qwen3.Qwen3ForCausalLM": ("Qwen3ForCausalLM", "sglang/srt/models/qwen3.py"),
+    "minisgl.models.qwen3.Qwen3Model": ("Qwen3Model", "sglang/srt/models/qwen3.py"),
+    "minisgl.models.registry.get_model_class": ("_ModelRegistry.resolve_model_cls", "sglang/srt/models/registry.py"),
+    "minisgl.sampling.sampling_batch_info.SamplingBatchInfo": (
+        "SamplingBatchInfo",
+        "sglang/srt/sampling/sampling_batch_info.py",
+    ),
+    "minisgl.sampling.sampling_batch_info.SamplingBatchInfo.from_schedule_batch": (
+        "SamplingBatchInfo.from_schedule_batch",
+        "sglang/srt/sampling/sampling_batch_info.py",
+    ),
+    "minisgl.sampling.sampling_params.SamplingParams": ("SamplingParams", "sglang/srt/sampling/sampling_params.py"),
+    "minisgl.sampling.sampling_params.SamplingParams.__init__": (
+        "SamplingParams.__init__",
+        "sglang/srt/sampling/sampling_params.py",
+    ),
+    "minisgl.sampling.sampling_params.SamplingParams.verify": (
+        "SamplingParams.verify",
+        "sglang/srt/sampling/sampling_params.py",
+    ),
+    "minisgl.server_args.ServerArgs": ("ServerArgs", "sglang/srt/server_args.py"),
+    "minisgl.server_args.ServerArgs.add_cli_args": ("ServerArgs.add_cli_args", "sglang/srt/server_args.py"),
+    "minisgl.server_args.ServerArgs.check": ("ServerArgs.check_server_args", "sglang/srt/server_args.py"),
+    "minisgl.server_args.ServerArgs.from_cli_args": ("ServerArgs.from_cli_args", "sglang/srt/server_args.py"),
+    "minisgl.tp_launcher.launch_tp": ("main", "sglang/bench_one_batch.py"),
+    "minisgl.utils.common.get_available_memory": ("get_available_gpu_memory", "sglang/srt/utils/common.py"),
+    "minisgl.utils.common.synchronize": ("synchronize", "sglang/bench_one_batch.py"),
+    "minisgl.utils.hf_transformers_utils.get_config": ("get_config", "sglang/srt/utils/hf_transformers/config.py"),
+    "minisgl.utils.hf_transformers_utils.get_tokenizer": (
+        "get_tokenizer",
+        "sglang/srt/utils/hf_transformers/tokenizer.py",
+    ),
+    "minisgl.utils.profile_utils.create_torch_profiler_filename": (
+        "_create_torch_profiler_filename",
+        "sglang/bench_one_batch.py",
+    ),
+    "minisgl.utils.profile_utils.get_torch_profiler_output_dir": (
+        "_get_torch_profiler_output_dir",
+        "sglang/bench_one_batch.py",
+    ),
+    "minisgl.utils.profile_utils.start_profile": ("start_profile", "sglang/bench_one_batch.py"),
+    "minisgl.utils.profile_utils.stop_profile": ("stop_profile", "sglang/bench_one_batch.py"),
+}
+
+# Pieces with no counterpart, and why. A key may name a module: it covers everything inside.
+NO_COUNTERPART: dict[str, str] = {
+    "minisgl.bench_args._check_writable_file": "helper of check_args",
+    "minisgl.bench_args.check_args": "SGLang asserts inside the bench and validates ServerArgs in __post_init__; minisgl refuses every bad value before loading, with exit code 2",
+    "minisgl.bench_one_batch._check_prompt_lengths": "SGLang only asserts len(prompt) > cut_len; minisgl refuses prompts that overflow the context",
+    "minisgl.bench_one_batch._make_req": "SGLang repeats this Req set-up inline in each prepare_* function",
+    "minisgl.bench_one_batch.cli": "SGLang's __main__ block; minisgl adds one-line errors and exit codes",
+    "minisgl.bench_one_batch.parse_args": "SGLang parses in its __main__ block",
+    "minisgl.bench_one_batch.work": "SGLang's main picks correctness_test or latency_test inline",
+    "minisgl.bench_plot": "SGLang's bench writes results only; the chart is minisgl's",
+    "minisgl.bench_utils": "SGLang's bench prints plain lines; rich progress, the summary table and whole-record appends are minisgl's",
+    "minisgl.layers.attention.torch_native_backend.DecodeMetadata": "as ExtendMetadata",
+    "minisgl.layers.attention.torch_native_backend.ExtendMetadata": "SGLang's torch-native backend keeps no metadata; its Triton/FlashInfer backends build kv_indptr/kv_indices in init_forward_metadata",
+    "minisgl.layers.linear._new_param": "SGLang creates parameters through quantization methods (create_weights)",
+    "minisgl.layers.linear.copy_checked": "SGLang asserts shapes inside each weight_loader",
+    "minisgl.layers.linear.shard": "SGLang narrows inside each weight_loader",
+    "minisgl.mem_cache.common.OutOfKVCacheError": "SGLang raises RuntimeError('Out of memory...') after trying to evict from the tree cache",
+    "minisgl.model_loader.default_model": "SGLang requires --model-path; minisgl ships a default offline model",
+    "minisgl.model_loader.weight_utils._unpermute_rope": "SGLang's GGUF path relies on transformers/gguf for the q/k permutation",
+    "minisgl.models.llama.LlamaAttention.apply_qk_norm": "a hook for Qwen3; Llama has no q/k norm",
+    "minisgl.models.llama.LlamaForCausalLM.qkv_bias": "SGLang reads config.attention_bias inline in LlamaAttention",
+    "minisgl.models.qwen2.Qwen2ForCausalLM.qkv_bias": "SGLang's Qwen2Attention passes bias=True inline",
+    "minisgl.server_args._Refuse": "SGLang accepts all its flags; minisgl refuses those it lacks by name",
+    "minisgl.tp_launcher": "private helpers of launch_tp (SGLang uses multiprocessing.Process and kill_process_tree)",
+    "minisgl.utils.common.InputError": "SGLang raises ValueError/assertions; minisgl turns bad input into exit code 2",
+    "minisgl.utils.common.resolve_device": "SGLang resolves the device in ServerArgs",
+    "minisgl.utils.hf_transformers_utils.split_model_path": "SGLang's GGUF detection lives in ServerArgs and get_config",
+}
