@@ -24,8 +24,8 @@ correctness: setup
 	$(BIN)/python -m minisgl.bench_one_batch --correctness-test
 
 lint: setup
-	$(BIN)/ruff check minisgl tests
-	$(BIN)/ruff format --check minisgl tests
+	$(BIN)/ruff check minisgl reader tests bench
+	$(BIN)/ruff format --check minisgl reader tests bench
 
 test: lint
 	$(BIN)/python -m pytest -q

@@ -7,6 +7,7 @@ disaggregation, LoRA, grammar, ...), grouped by feature; and its ``if`` branches
 
 from __future__ import annotations
 
+import builtins
 import re
 from dataclasses import dataclass, field
 
@@ -78,7 +79,7 @@ def _leaf(name: str) -> str:
 def what_sglang_adds(sglang_node: cst.CSTNode, minisgl_node: cst.CSTNode) -> Additions:
     ours, theirs = collect(minisgl_node), collect(sglang_node)
     our_leaves = {_leaf(c) for c in ours.calls}
-    extra_calls = sorted({c for c in theirs.calls if _leaf(c) not in our_leaves})
+    extra_calls = sorted({c for c in theirs.calls if _leaf(c) not in our_leaves and not hasattr(builtins, c)})
     features: dict[str, list[str]] = {}
     for attr in sorted(set(theirs.attributes) - set(ours.attributes)):
         for feature, pattern in FEATURES.items():

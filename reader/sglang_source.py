@@ -61,7 +61,9 @@ def resolve_sglang_root(path: Path) -> Path:
     for candidate in (path, path / "python", path.parent):
         if (candidate / "sglang" / "__init__.py").exists():
             return candidate
-    raise ReaderError(f"--sglang-src {path}: no sglang package there; pass a checkout, an unpacked wheel or site-packages")
+    raise ReaderError(
+        f"--sglang-src {path}: no sglang package there; pass a checkout, an unpacked wheel or site-packages"
+    )
 
 
 @dataclass(frozen=True)
