@@ -116,3 +116,13 @@ def test_dummy_weights_are_deterministic(tiny_llama):
     torch.testing.assert_close(a, b, atol=0, rtol=0)
     real, _ = run_greedy(make_runner(tiny_llama), PROMPTS, steps=1)
     assert not torch.allclose(a, real)
+
+
+def test_sharded_checkpoint_with_index_loads(tiny_llama, tmp_path):
+    """A checkpoint split over several safetensors files with model.safetensors.index.json."""
+    hf = hf_model(tiny_llama)
+    hf.save_pretrained(tmp_path, max_shard_size="100KB")
+    assert (tmp_path / "model.safetensors.index.json").exists() and len(list(tmp_path.glob("*.safetensors"))) > 1
+    sharded, _ = run_greedy(make_runner(tmp_path), PROMPTS, steps=1)
+    single, _ = run_greedy(make_runner(tiny_llama), PROMPTS, steps=1)
+    torch.testing.assert_close(sharded, single, atol=0, rtol=0)
