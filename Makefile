@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 export HF_HUB_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 
-.PHONY: setup run correctness test lint
+.PHONY: setup run correctness test lint site
 
 setup: $(VENV)/.installed
 
@@ -29,3 +29,7 @@ lint: setup
 
 test: lint
 	$(BIN)/python -m pytest -q
+
+# The study site: regenerate docs/reference/ and build site/ offline (mkdocs build --strict).
+site: setup
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m reader site --build

@@ -47,7 +47,7 @@ def code(text: str) -> str:
 
 def fence(body: str, lang: str = "python", attrs: str = "", indent: str = "") -> str:
     ticks = "`" * max(3, 1 + max((len(m) for m in re.findall(r"`+", body)), default=0))
-    lines = [f"{ticks} {lang}{(' ' + attrs) if attrs else ''}", *body.splitlines(), ticks]
+    lines = [f"{ticks}{lang}{(' ' + attrs) if attrs else ''}", *body.splitlines(), ticks]
     return "\n".join((indent + line) if line else "" for line in lines) + "\n"
 
 
@@ -149,7 +149,9 @@ def _additions(theirs: SourcePiece, ours: SourcePiece) -> str:
 def piece_md(sglang_root: Path, qname: str, chains: dict[str, Chain], edges) -> str:
     ours = minisgl_piece(qname)
     theirs = sglang_piece(sglang_root, qname)
-    out = [HEADER, f"# {leaf(qname)} {{#{qname}}}\n\n", f"`{qname}` in `{ours.path}:{ours.start}-{ours.end}`\n\n"]
+    # a raw <h1>: in a Markdown heading, the ``__`` of ``__init__`` would turn into bold and break the id
+    out = [f"---\ntitle: {leaf(qname)}\n---\n\n", HEADER, f'<h1 id="{qname}"><code>{leaf(qname)}</code></h1>\n\n',
+           f"`{qname}` in `{ours.path}:{ours.start}-{ours.end}`\n\n"]  # fmt: skip
     for name, chain in chains.items():
         order = _order(chain)
         if qname not in order:
@@ -158,7 +160,9 @@ def piece_md(sglang_root: Path, qname: str, chains: dict[str, Chain], edges) -> 
         i = order.index(qname)
         prev = f"[← {code(leaf(order[i - 1]))}]({order[i - 1]}.md#{order[i - 1]})" if i else "← start"
         nxt = f"[{code(leaf(order[i + 1]))} →]({order[i + 1]}.md#{order[i + 1]})" if i + 1 < len(order) else "end →"
-        out.append(f"- {' › '.join(crumbs)} › **{code(leaf(qname))}**  \n  step {i + 1} of {len(order)}: {prev} · {nxt}\n")
+        out.append(
+            f"- {' › '.join(crumbs)} › **{code(leaf(qname))}**  \n  step {i + 1} of {len(order)}: {prev} · {nxt}\n"
+        )
     callers, callees = edges.get(qname, (set(), set()))
     out.append("\n**Called by:** " + (", ".join(piece_link(q, prefix="") for q in sorted(callers)) or "-") + "  \n")
     out.append("**Calls:** " + (", ".join(piece_link(q, prefix="") for q in sorted(callees)) or "-") + "\n\n")
@@ -237,7 +241,9 @@ def reference_index(chains: dict[str, Chain]) -> str:
     out = [HEADER, "# Reference {#reference}\n\nGenerated from the source by `python -m reader site`.\n\n"]
     out += [f"- [Chain: {name}](chains/{name}.md): {CHAIN_TEXT.get(name, '')} "
             f"{len(_order(c))} pieces.\n" for name, c in chains.items()]  # fmt: skip
-    out.append("- [SGLang's scheduler beside the bench](scheduler.md)\n- [Benchmark results](bench.md)\n\n## Pieces\n\n")
+    out.append(
+        "- [SGLang's scheduler beside the bench](scheduler.md)\n- [Benchmark results](bench.md)\n\n## Pieces\n\n"
+    )
     names = sorted({q for c in chains.values() for q in _order(c)})
     out += [f"- {piece_link(q, short(q), prefix='pieces/')}\n" for q in names]
     return "".join(out)

@@ -1,0 +1,157 @@
+"""The study site: generated pages match the source, the strict build passes offline, every link and
+anchor resolves, and nothing points outside the site.
+
+External URLs: no ``href``/``src``/CSS ``url()`` may leave the site, and no ``http(s)://`` text may
+appear in built HTML outside ``<pre>`` blocks (SVG/XML namespaces excepted). Source code shown in
+``<pre>`` (and therefore in the search index) may mention URLs in its comments; those are text, not
+references, and the search index may hold no URL that is not in such a code block. Vendored and
+Material's bundled JavaScript are not scanned as text (their strings name CDNs that are never used,
+because mermaid and the iframe-worker shim are served locally)."""
+
+from __future__ import annotations
+
+import re
+import shutil
+from html.parser import HTMLParser
+from pathlib import Path
+from urllib.parse import unquote, urlsplit
+
+import pytest
+
+pytest.importorskip("mkdocs")
+pytest.importorskip("material")
+
+from reader import site  # noqa: E402
+from reader.sglang_source import ensure_sglang_source  # noqa: E402
+
+URL = re.compile(r"https?://[^\s\"'<>)\\]+")
+CLICK = re.compile(r'click \w+ href (?:&quot;([^&]+)&quot;|"([^"]+)")')
+NAMESPACES = ("http://www.w3.org/", "http://www.sitemaps.org/")
+
+
+@pytest.fixture(scope="session")
+def sglang_root() -> Path:
+    return ensure_sglang_source(None)
+
+
+@pytest.fixture(scope="session")
+def built(tmp_path_factory, sglang_root) -> tuple[Path, Path]:
+    """(docs copy, built site): main() regenerates a copy of docs/ and builds it strictly."""
+    tmp = tmp_path_factory.mktemp("site")
+    docs = tmp / "docs"
+    shutil.copytree(site.DOCS, docs, ignore=shutil.ignore_patterns("vendor"))
+    site.main(sglang_root, build=True, docs_dir=docs, site_dir=tmp / "site")
+    return docs, tmp / "site"
+
+
+class _Page(HTMLParser):
+    def __init__(self):
+        super().__init__()
+        self.ids, self.links, self.pre_depth, self.text = set(), [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if attrs.get("id"):
+            self.ids.add(attrs["id"])
+        if tag == "a" and attrs.get("name"):
+            self.ids.add(attrs["name"])
+        for key in ("href", "src"):
+            if attrs.get(key):
+                self.links.append((tag, attrs[key]))
+        if tag == "pre":
+            self.pre_depth += 1
+
+    def handle_endtag(self, tag):
+        if tag == "pre":
+            self.pre_depth = max(0, self.pre_depth - 1)
+
+    def handle_data(self, data):
+        if not self.pre_depth:
+            self.text.append(data)
+
+
+def _pages(site_dir: Path) -> dict[Path, _Page]:
+    pages = {}
+    for path in site_dir.rglob("*.html"):
+        page = _Page()
+        page.feed(path.read_text())
+        page.raw = path.read_text()
+        pages[path] = page
+    return pages
+
+
+def test_committed_pages_are_current(sglang_root):
+    assert site.stale(sglang_root) == [], "run: python -m reader site"
+
+
+def test_stale_detects_edits_and_renames(built, sglang_root):
+    docs, _ = built
+    assert site.stale(sglang_root, docs) == []
+    page = docs / "reference/pieces/minisgl.managers.schedule_batch.ScheduleBatch.prepare_for_extend.md"
+    text = page.read_text()
+    page.write_text(text + "\nhand edit\n")
+    assert any("prepare_for_extend" in p and "out of date" in p for p in site.stale(sglang_root, docs))
+    page.write_text(text)
+    renamed = page.with_name("minisgl.managers.schedule_batch.ScheduleBatch.prepare_for_extend_old.md")
+    page.rename(renamed)  # what a renamed piece leaves behind: an old page, a missing new one
+    problems = site.stale(sglang_root, docs)
+    assert any("prepare_for_extend_old" in p and "no longer generated" in p for p in problems)
+    assert any("prepare_for_extend.md: missing" in p for p in problems)
+    site.write_pages(sglang_root, docs)
+    assert not renamed.exists() and site.stale(sglang_root, docs) == []
+
+
+def test_pages_are_named_by_qualified_name(built):
+    docs, site_dir = built
+    name = "minisgl.managers.schedule_batch.ScheduleBatch.prepare_for_extend"
+    html = (site_dir / f"reference/pieces/{name}.html").read_text()
+    assert f'id="{name}"' in html
+    assert 'class="tabbed-set' in html and "SGLang 0.5.14" in html
+    assert "sglang v0.5.14: python/sglang/srt/managers/schedule_batch.py:L" in html
+    chain = (docs / "reference/chains/latency.md").read_text()
+    assert "```mermaid" in chain and f"pieces/{name}.md#{name}" in chain
+
+
+def test_links_and_anchors_resolve(built):
+    _, site_dir = built
+    pages = _pages(site_dir)
+    broken = []
+    for path, page in pages.items():
+        hrefs = [link for _, link in page.links]
+        hrefs += [a or b for a, b in CLICK.findall(page.raw)]  # mermaid node links
+        for href in hrefs:
+            parts = urlsplit(href)
+            if parts.scheme in ("data", "mailto", "javascript") or (not parts.path and not parts.fragment):
+                continue
+            if parts.scheme or parts.netloc:
+                broken.append(f"{path.relative_to(site_dir)}: external {href}")
+                continue
+            base = site_dir if parts.path.startswith("/") else path.parent  # 404.html is root-absolute
+            target = (base / unquote(parts.path).lstrip("/")).resolve() if parts.path else path
+            if target.is_dir():
+                target = target / "index.html"
+            if not target.exists():
+                broken.append(f"{path.relative_to(site_dir)}: {href} (no file)")
+            elif parts.fragment and target.suffix == ".html":
+                ids = pages[target].ids if target in pages else set()
+                if unquote(parts.fragment) not in ids:
+                    broken.append(f"{path.relative_to(site_dir)}: {href} (no anchor)")
+    assert not broken, "\n".join(broken[:20])
+
+
+def test_no_external_urls(built):
+    _, site_dir = built
+    bad = []
+    code_urls = set()
+    for path, page in _pages(site_dir).items():
+        code_urls |= set(URL.findall(page.raw))
+        bad += [f"{path.name}: {u}" for u in URL.findall(" ".join(page.text)) if not u.startswith(NAMESPACES)]
+        bad += [f"{path.name}: <{t} {u}>" for t, u in page.links if URL.match(u)]
+    for css in site_dir.rglob("*.css"):
+        bad += [f"{css.name}: url({u})" for u in re.findall(r"url\(\s*['\"]?(https?://[^)'\"]+)", css.read_text())]
+    index = (site_dir / "search/search_index.js").read_text().replace("\\/", "/")
+    bad += [f"search index: {u}" for u in URL.findall(index) if not any(u.rstrip("\\n") in c for c in code_urls)]
+    bad += [
+        f"sitemap: {u}" for u in URL.findall((site_dir / "sitemap.xml").read_text()) if not u.startswith(NAMESPACES)
+    ]
+    assert not bad, "\n".join(bad[:20])
