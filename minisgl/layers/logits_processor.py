@@ -13,6 +13,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed.parallel_state import tensor_model_parallel_all_gather
+from minisgl.layers.linear import apply_linear
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 
 
@@ -30,5 +31,6 @@ class LogitsProcessor(nn.Module):
         if forward_batch.forward_mode.is_extend():
             last_index = forward_batch.extend_start_loc + forward_batch.extend_seq_lens - 1
             hidden_states = hidden_states[last_index]
-        logits = tensor_model_parallel_all_gather(hidden_states @ lm_head.weight.T)
+        weight = lm_head.packed_weight if lm_head.packed_weight is not None else lm_head.weight
+        logits = tensor_model_parallel_all_gather(apply_linear(hidden_states, weight))
         return LogitsProcessorOutput(next_token_logits=logits[:, : self.vocab_size].float())

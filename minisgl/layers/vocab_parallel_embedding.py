@@ -16,7 +16,7 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from minisgl.layers.linear import copy_checked, shard
+from minisgl.layers.linear import copy_checked, prepack_weight, shard
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -30,6 +30,9 @@ class VocabParallelEmbedding(nn.Module):
         self.vocab_end_index = min(self.vocab_start_index + self.num_embeddings_per_partition, num_embeddings)
         self.weight = nn.Parameter(torch.zeros(self.num_embeddings_per_partition, embedding_dim), requires_grad=False)
         self.weight.weight_loader = self.weight_loader
+        # The LM head's matmul reads a prepacked copy when one is made (see ``prepack_weight``);
+        # the lookup table itself stays plain.
+        self.packed_weight: torch.Tensor | None = None
 
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
         rows = self.vocab_end_index - self.vocab_start_index
@@ -47,3 +50,13 @@ class VocabParallelEmbedding(nn.Module):
 
 class ParallelLMHead(VocabParallelEmbedding):
     """Same sharding as the embedding; its weight is read by ``LogitsProcessor``, not by ``forward``."""
+
+
+def prepack_lm_head(lm_head: VocabParallelEmbedding) -> None:
+    """An untied head keeps only the prepacked weight; a head tied to the embedding keeps both."""
+    packed = prepack_weight(lm_head.weight)
+    if packed is lm_head.weight:
+        return
+    if isinstance(lm_head, ParallelLMHead):
+        lm_head.weight = nn.Parameter(packed, requires_grad=False)
+    lm_head.packed_weight = packed

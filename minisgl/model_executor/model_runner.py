@@ -15,8 +15,10 @@ import torch
 from minisgl.configs.model_config import ModelConfig
 from minisgl.distributed.parallel_state import init_distributed_environment
 from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from minisgl.layers.linear import prepack_linear_weights
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.sampler import Sampler
+from minisgl.layers.vocab_parallel_embedding import prepack_lm_head
 from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from minisgl.model_executor.forward_batch_info import ForwardBatch
@@ -57,6 +59,8 @@ class ModelRunner:
         available = get_available_memory(self.device)
         sa = self.server_args
         self.model = get_model(self.model_config, sa.model_path, sa.load_format, self.device, sa.random_seed)
+        prepack_linear_weights(self.model)
+        prepack_lm_head(self.model.lm_head)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.available_after_load = min(available - self.weight_bytes, get_available_memory(self.device))
 
