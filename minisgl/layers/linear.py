@@ -71,7 +71,8 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
     usable = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
     if not usable or not torch.backends.mkldnn.is_available():
         return weight
-    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 1)
+    # Packed for 8-row inputs: measured best for both 1-row and batched decode, and prefill is unaffected.
+    return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
 
 
 def prepack_linear_weights(model: nn.Module) -> None:

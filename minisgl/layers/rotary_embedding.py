@@ -23,10 +23,14 @@ class RotaryEmbedding(nn.Module):
         # Indexed by position at each forward; one table for all layers.
         self.register_buffer("cos_cached", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin_cached", freqs.sin() * scaling, persistent=False)
+        self._positions, self._cos_sin = None, None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)
-        sin = self.sin_cached[positions].unsqueeze(1).to(q.dtype)
+        # Every layer shares this module and the same positions tensor in one forward: look up cos/sin once.
+        if positions is not self._positions or self._cos_sin[0].dtype != q.dtype:
+            cos = self.cos_cached[positions].unsqueeze(1).to(q.dtype)
+            self._positions, self._cos_sin = positions, (cos, self.sin_cached[positions].unsqueeze(1).to(q.dtype))
+        cos, sin = self._cos_sin
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
 
 
@@ -36,8 +40,19 @@ def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tens
     return torch.cat((x1 * cos - x2 * sin, x2 * cos + x1 * sin), dim=-1)
 
 
+_ROPE_CACHE: dict[tuple, RotaryEmbedding] = {}
+
+
 def get_rope(config: PretrainedConfig, head_dim: int, max_position: int) -> RotaryEmbedding:
+    """One instance per rope configuration and device, shared by all layers (as SGLang's ``get_rope``)."""
     params = dict(getattr(config, "rope_parameters", None) or {})
+    key = (head_dim, max_position, repr(sorted(params.items())), str(torch.get_default_device()))
+    if key not in _ROPE_CACHE:
+        _ROPE_CACHE[key] = _new_rope(config, params, head_dim, max_position)
+    return _ROPE_CACHE[key]
+
+
+def _new_rope(config: PretrainedConfig, params: dict, head_dim: int, max_position: int) -> RotaryEmbedding:
     rope_type = params.get("rope_type", "default")
     if rope_type == "default":
         exponents = torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim
