@@ -10,6 +10,19 @@ from __future__ import annotations
 SGLANG_VERSION = "0.5.14"
 
 COUNTERPARTS: dict[str, tuple[str, str]] = {
+    "minisgl.layers.linear.apply_linear": (
+        "UnquantizedLinearMethod.apply",
+        "sglang/srt/layers/quantization/unquant.py",
+    ),
+    "minisgl.layers.linear.prepack_weight": ("amx_process_weight_after_loading", "sglang/srt/layers/amx_utils.py"),
+    "minisgl.layers.linear.prepack_linear_weights": (
+        "UnquantizedLinearMethod.process_weights_after_loading",
+        "sglang/srt/layers/quantization/unquant.py",
+    ),
+    "minisgl.layers.vocab_parallel_embedding.prepack_lm_head": (
+        "UnquantizedLinearMethod.process_weights_after_loading",
+        "sglang/srt/layers/quantization/unquant.py",
+    ),
     "minisgl.bench_args.BenchArgs": ("BenchArgs", "sglang/bench_one_batch.py"),
     "minisgl.bench_args.BenchArgs.add_cli_args": ("BenchArgs.add_cli_args", "sglang/bench_one_batch.py"),
     "minisgl.bench_args.BenchArgs.from_cli_args": ("BenchArgs.from_cli_args", "sglang/bench_one_batch.py"),
@@ -474,6 +487,7 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
 
 # Pieces with no counterpart, and why. A key may name a module: it covers everything inside.
 NO_COUNTERPART: dict[str, str] = {
+    "minisgl.layers.rotary_embedding._new_rope": "helper of get_rope; SGLang builds each rope variant in its factory",
     "minisgl.bench_args._check_writable_file": "helper of check_args",
     "minisgl.bench_args.check_args": "SGLang asserts inside the bench and validates ServerArgs in __post_init__; minisgl refuses every bad value before loading, with exit code 2",
     "minisgl.bench_one_batch._check_prompt_lengths": "SGLang only asserts len(prompt) > cut_len; minisgl refuses prompts that overflow the context",

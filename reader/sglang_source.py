@@ -7,17 +7,18 @@ checkout (``python/sglang``), an unpacked wheel or a site-packages directory ins
 
 from __future__ import annotations
 
+import ast
 import os
 import subprocess
 import sys
 import tempfile
+import textwrap
 import zipfile
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 
 import libcst as cst
-from libcst.metadata import MetadataWrapper, PositionProvider
 
 from reader.counterparts import SGLANG_VERSION
 
@@ -76,23 +77,29 @@ class SourcePiece:
     node: cst.CSTNode
 
 
-@lru_cache(maxsize=256)
-def _parse(file: Path) -> tuple[MetadataWrapper, dict]:
+@lru_cache(maxsize=512)
+def _spans(file: Path) -> dict[str, tuple[int, int]]:
+    """``Class.method`` / ``function`` -> (first line incl. decorators, last line), for a whole file.
+
+    Located with the standard library's fast C parser; only the piece itself then goes through libcst,
+    which would take seconds on SGLang's largest files.
+    """
     try:
-        wrapper = MetadataWrapper(cst.parse_module(file.read_text()))
-    except (cst.ParserSyntaxError, UnicodeDecodeError) as e:
+        tree = ast.parse(file.read_text())
+    except (SyntaxError, UnicodeDecodeError) as e:
         raise ReaderError(f"{file} does not parse: {str(e).splitlines()[0]}") from None
-    return wrapper, wrapper.resolve(PositionProvider)
+    spans: dict[str, tuple[int, int]] = {}
 
+    def visit(body, prefix: str) -> None:
+        for node in body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                first = min([node.lineno] + [d.lineno for d in node.decorator_list])
+                spans.setdefault(prefix + node.name, (first, node.end_lineno))
+                if isinstance(node, ast.ClassDef):
+                    visit(node.body, f"{prefix}{node.name}.")
 
-def _find(body, parts: list[str]):
-    for stmt in body:
-        if isinstance(stmt, (cst.FunctionDef, cst.ClassDef)) and stmt.name.value == parts[0]:
-            if len(parts) == 1:
-                return stmt
-            if isinstance(stmt, cst.ClassDef):
-                return _find(stmt.body.body, parts[1:])
-    return None
+    visit(tree.body, "")
+    return spans
 
 
 def find_piece(root: Path, rel_path: str, qualname: str) -> SourcePiece | None:
@@ -100,10 +107,12 @@ def find_piece(root: Path, rel_path: str, qualname: str) -> SourcePiece | None:
     file = root / rel_path
     if not file.exists():
         return None
-    wrapper, positions = _parse(file)
-    node = _find(wrapper.module.body, qualname.split("."))
-    if node is None:
+    span = _spans(file).get(qualname)
+    if span is None:
         return None
-    pos = positions[node]
-    lines = file.read_text().splitlines()[pos.start.line - 1 : pos.end.line]
-    return SourcePiece(qualname, rel_path, pos.start.line, pos.end.line, "\n".join(lines), node)
+    code = "\n".join(file.read_text().splitlines()[span[0] - 1 : span[1]])
+    try:
+        node = cst.parse_module(textwrap.dedent(code) + "\n").body[0]
+    except cst.ParserSyntaxError as e:
+        raise ReaderError(f"{file}:{span[0]} does not parse: {str(e).splitlines()[0]}") from None
+    return SourcePiece(qualname, rel_path, span[0], span[1], code, node)
