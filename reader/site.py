@@ -40,7 +40,8 @@ def render_pages(sglang_root: Path) -> dict[str, str]:
 
 def _existing(docs_dir: Path) -> dict[str, Path]:
     root = docs_dir / GENERATED
-    return {str(p.relative_to(docs_dir)): p for p in sorted(root.rglob("*.md"))} if root.exists() else {}
+    files = sorted(p for p in root.rglob("*") if p.suffix in (".md", ".svg")) if root.exists() else []
+    return {str(p.relative_to(docs_dir)): p for p in files}
 
 
 def stale(sglang_root: Path, docs_dir: Path = DOCS) -> list[str]:
