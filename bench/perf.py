@@ -4,7 +4,8 @@
     python bench/perf.py --models dummy134 --dtypes float32 --workloads 1,128,32 --reps 3
 
 minisgl runs through the same code as ``bench_one_batch`` (``load_model`` + ``latency_test_run_once``);
-HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same weights. Engines alternate
+HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same weights, each step timed by a
+logits processor that stamps the clock as every new token's logits arrive. Engines alternate
 between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and
 the memory read bandwidth are measured in the same process. Results: a table, and JSON (``--output``).
 """
@@ -25,7 +26,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 import torch  # noqa: E402
 from rich.console import Console  # noqa: E402
 from rich.table import Table  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
 from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
 from minisgl.model_loader.default_model import default_model_path  # noqa: E402
@@ -98,18 +99,27 @@ def run_minisgl(runner, batch, input_len, output_len, vocab):
     return r["prefill_latency"], r["median_decode_latency"]
 
 
+class _StepClock(LogitsProcessor):
+    """Called by ``generate`` once per new token, right after that step's forward: a timestamp per step."""
+
+    def __init__(self):
+        self.stamps: list[float] = []
+
+    def __call__(self, input_ids, scores):
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
 def run_hf(model, batch, input_len, output_len, vocab):
+    """Prefill = start to the first step's logits; decode = median gap between later steps' logits."""
     ids = torch.randint(0, min(vocab, 10000), (batch, input_len), generator=torch.Generator().manual_seed(0))
-    kwargs = dict(do_sample=False, eos_token_id=None, pad_token_id=0)
-
-    def generate(n):
-        tic = time.perf_counter()
-        with torch.no_grad():
-            model.generate(ids, max_new_tokens=n, min_new_tokens=n, **kwargs)
-        return time.perf_counter() - tic
-
-    prefill = generate(1)
-    return prefill, (generate(output_len) - prefill) / (output_len - 1)
+    clock = _StepClock()
+    tic = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, eos_token_id=None,
+                       pad_token_id=0, logits_processor=LogitsProcessorList([clock]))  # fmt: skip
+    steps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+    return clock.stamps[0] - tic, statistics.median(steps)
 
 
 def summarize(values):
