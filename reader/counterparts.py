@@ -241,18 +241,12 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
     ),
     "minisgl.managers.schedule_batch.Req": ("Req", "sglang/srt/managers/schedule_batch.py"),
     "minisgl.managers.schedule_batch.Req.__init__": ("Req.__init__", "sglang/srt/managers/schedule_batch.py"),
-    "minisgl.managers.schedule_batch.Req.finished": ("Req.finished", "sglang/srt/managers/schedule_batch.py"),
     "minisgl.managers.schedule_batch.Req.get_fill_ids": ("Req.get_fill_ids", "sglang/srt/managers/schedule_batch.py"),
-    "minisgl.managers.schedule_batch.Req.seqlen": ("Req.seqlen", "sglang/srt/managers/schedule_batch.py"),
     "minisgl.managers.schedule_batch.Req.set_extend_input_len": (
         "Req.set_extend_input_len",
         "sglang/srt/managers/schedule_batch.py",
     ),
     "minisgl.managers.schedule_batch.ScheduleBatch": ("ScheduleBatch", "sglang/srt/managers/schedule_batch.py"),
-    "minisgl.managers.schedule_batch.ScheduleBatch.batch_size": (
-        "ScheduleBatch.batch_size",
-        "sglang/srt/managers/schedule_batch.py",
-    ),
     "minisgl.managers.schedule_batch.ScheduleBatch.init_new": (
         "ScheduleBatch.init_new",
         "sglang/srt/managers/schedule_batch.py",
@@ -332,10 +326,6 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "sglang/srt/mem_cache/memory_pool.py",
     ),
     "minisgl.mem_cache.memory_pool.ReqToTokenPool.free": ("ReqToTokenPool.free", "sglang/srt/mem_cache/memory_pool.py"),
-    "minisgl.mem_cache.memory_pool.ReqToTokenPool.write": (
-        "ReqToTokenPool.write",
-        "sglang/srt/mem_cache/memory_pool.py",
-    ),
     "minisgl.model_executor.forward_batch_info.ForwardBatch": (
         "ForwardBatch",
         "sglang/srt/model_executor/forward_batch_info.py",
@@ -455,10 +445,6 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
     "minisgl.sampling.sampling_params.SamplingParams": ("SamplingParams", "sglang/srt/sampling/sampling_params.py"),
     "minisgl.sampling.sampling_params.SamplingParams.__init__": (
         "SamplingParams.__init__",
-        "sglang/srt/sampling/sampling_params.py",
-    ),
-    "minisgl.sampling.sampling_params.SamplingParams.verify": (
-        "SamplingParams.verify",
         "sglang/srt/sampling/sampling_params.py",
     ),
     "minisgl.server_args.ServerArgs": ("ServerArgs", "sglang/srt/server_args.py"),

@@ -50,13 +50,6 @@ class Req:
     def set_extend_input_len(self, extend_input_len: int) -> None:
         self.extend_input_len = extend_input_len
 
-    @property
-    def seqlen(self) -> int:
-        return len(self.origin_input_ids) + len(self.output_ids)
-
-    def finished(self) -> bool:
-        return self.finished_reason is not None
-
 
 @dataclass
 class ScheduleBatch:
@@ -110,6 +103,3 @@ class ScheduleBatch:
         self.out_cache_loc = alloc_for_decode(self, token_per_req=1)
         self.seq_lens.add_(1)
         self.seq_lens_cpu.add_(1)
-
-    def batch_size(self) -> int:
-        return len(self.reqs)

@@ -27,9 +27,6 @@ class ReqToTokenPool:
         self.req_to_token = torch.zeros((size + 1, max_context_len), dtype=torch.int32, device=device)
         self.free_slots: list[int] = list(range(1, size + 1))
 
-    def write(self, indices, values) -> None:
-        self.req_to_token[indices] = values
-
     def available_size(self) -> int:
         return len(self.free_slots)
 
