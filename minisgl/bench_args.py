@@ -113,3 +113,6 @@ def check_args(server_args: ServerArgs, bench_args: BenchArgs, hf_config: Pretra
     heads, inter, tp = hf_config.num_attention_heads, hf_config.intermediate_size, server_args.tp_size
     if heads % tp or inter % tp:
         raise InputError(f"--tp-size {tp} must divide the attention heads ({heads}) and intermediate size ({inter})")
+    kv_heads = getattr(hf_config, "num_key_value_heads", None) or heads
+    if kv_heads % tp and tp % kv_heads:  # KV heads are split evenly, or each is replicated on tp/kv ranks
+        raise InputError(f"--tp-size {tp} and the {kv_heads} KV heads must divide one another")

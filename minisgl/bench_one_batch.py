@@ -65,7 +65,8 @@ class _TorchBenchRunner:
         synchronize(self.torch_runner.device)
 
     def max_batch_size(self, input_len: int, output_len: int) -> int:
-        return self.torch_runner.max_total_num_tokens // (input_len + output_len)
+        by_tokens = self.torch_runner.max_total_num_tokens // (input_len + output_len)
+        return min(by_tokens, self.torch_runner.req_to_token_pool.size)
 
 
 def load_model(server_args: ServerArgs, tp_rank: int, dist_init_method: str | None = None):

@@ -103,3 +103,29 @@ def test_correctness_mode_writes_one_record_per_prompt(capsys, tiny_llama, tmp_p
     assert list(record) == ["run_name", "prompt", "input_ids", "output_ids", "output_text"]
     assert record["run_name"] == "t" and record["prompt"] == "The capital of France is"
     assert len(record["output_ids"]) == 4
+
+
+def test_tp_size_must_divide_the_kv_heads_or_be_divided_by_them():
+    """24 heads, 6 KV heads (intermediate 8208 = 2^4 * 3^3 * 19): tp 4 splits heads but not the KV heads."""
+    from transformers import LlamaConfig
+
+    from minisgl.bench_args import BenchArgs, check_args
+    from minisgl.server_args import ServerArgs
+    from minisgl.utils.common import InputError
+
+    config = LlamaConfig(num_attention_heads=24, num_key_value_heads=6, intermediate_size=8208, hidden_size=1536)
+    with pytest.raises(InputError, match="6 KV heads must divide one another"):
+        check_args(ServerArgs(tp_size=4), BenchArgs(result_filename=""), config)
+    check_args(ServerArgs(tp_size=3), BenchArgs(result_filename=""), config)  # 2 KV heads per rank
+    check_args(ServerArgs(tp_size=12), BenchArgs(result_filename="", batch_size=(1,)), config)  # replicated
+
+
+def test_batches_beyond_the_request_rows_are_skipped(capsys, tiny_llama, tmp_path):
+    """More requests than req_to_token rows: SGLang's skip message, not an error mid-sweep."""
+    from minisgl.model_executor import model_runner
+
+    code = cli(["--model-path", str(tiny_llama), "--max-total-tokens", "100000", "--batch-size", "2", "1025",
+                "--input-len", "4", "--output-len", "2", "--result-filename", str(tmp_path / "r.jsonl")])  # fmt: skip
+    out = capsys.readouterr().out
+    assert model_runner._MAX_NUM_REQS == 1024
+    assert code == 0 and "skipping (1025, 4, 2) due to max batch size limit" in out

@@ -19,6 +19,8 @@ def init_distributed_environment(tp_rank: int, tp_size: int, init_method: str, d
     global _TP_RANK, _TP_SIZE
     _TP_RANK, _TP_SIZE = tp_rank, tp_size
     if tp_size > 1 and not dist.is_initialized():
+        if device.type == "cuda":
+            torch.cuda.set_device(device)  # NCCL binds each rank to its own GPU, not to cuda:0
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=tp_rank, world_size=tp_size)
 

@@ -68,8 +68,10 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
     faster for prefill (bench/perf.py shows the difference). Sums are reordered, so results move by
     float rounding only.
     """
-    usable = weight.device.type == "cpu" and weight.dtype in (torch.float32, torch.bfloat16)
-    if not usable or not torch.backends.mkldnn.is_available():
+    if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
+        return weight
+    bf16_ok = weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+    if weight.dtype != torch.float32 and not bf16_ok:  # oneDNN's bf16 kernels need AVX512-BF16 or AMX
         return weight
     # Packed for 8-row inputs: measured best for both 1-row and batched decode, and prefill is unaffected.
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)

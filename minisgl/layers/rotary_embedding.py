@@ -1,7 +1,7 @@
 """Rotary position embedding (neox style, as Llama/Qwen use) with a cached cos/sin table.
 
-The inverse frequencies come from transformers' own RoPE initialisers (default, linear, llama3, yarn,
-...), so scaled variants match HF exactly. SGLang's ``rotary_embedding/`` package implements each
+The inverse frequencies come from transformers' own RoPE initialisers (default, linear, llama3, yarn;
+others are refused), so scaled variants match HF exactly. SGLang's ``rotary_embedding/`` package implements each
 variant itself, plus mrope, dual-chunk and fused rope+KV-store kernels.
 """
 

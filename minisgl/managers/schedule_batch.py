@@ -41,7 +41,7 @@ class Req:
         self.prefix_indices = torch.empty(0, dtype=torch.int64)  # KV slots of the cached prefix
         self.extend_input_len = 0
         self.req_pool_idx: int | None = None
-        # Set by the server's finish check (length, EOS, stop strings); the bench never ends a request early.
+        # SGLang's Req.check_finished sets it (length, EOS, stop strings); the bench never ends a request early.
         self.finished_reason = None
 
     def get_fill_ids(self) -> list[int]:

@@ -77,7 +77,9 @@ class ModelRunner:
             self.model_config.num_hidden_layers,
             self.model_config.dtype,
         )
-        return int(self.available_after_load * fraction) // cell_size
+        # req_to_token (int32, one row per request slot) comes out of the same budget.
+        req_to_token_bytes = (_MAX_NUM_REQS + 1) * self.model_config.context_len * 4
+        return int(self.available_after_load * fraction - req_to_token_bytes) // cell_size
 
     def init_memory_pool(self) -> None:
         self.max_total_num_tokens = self.profile_max_num_token()
