@@ -19,17 +19,12 @@ from rich.console import Console
 from rich.markup import escape
 from rich.tree import Tree
 
+from minisgl.bench_utils import OneLineErrorParser
 from reader import views
 from reader.chains import ENTRIES, Chain, Node, build_chain
 from reader.sglang_source import ReaderError, ensure_sglang_source
 
 MAX_UNRESOLVED = 40
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, no usage dump
-        print(f"error: {message}", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def _label(node: Node, root: Path) -> str:
@@ -66,7 +61,7 @@ def render(chain: Chain, console: Console, root: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = _Parser(prog="python -m reader", description="Read minisgl beside SGLang 0.5.14.")
+    parser = OneLineErrorParser(prog="python -m reader", description="Read minisgl beside SGLang 0.5.14.")
     sub = parser.add_subparsers(dest="cmd", required=True)
     p_chain = sub.add_parser("chain", help="print a call chain from a bench entry point")
     p_chain.add_argument("name", help=f"one of: {', '.join(ENTRIES)}")

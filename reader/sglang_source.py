@@ -20,6 +20,7 @@ from pathlib import Path
 
 import libcst as cst
 
+from minisgl.utils.common import cache_dir
 from reader.counterparts import SGLANG_VERSION
 
 
@@ -28,7 +29,7 @@ class ReaderError(Exception):
 
 
 def _cache_dir() -> Path:
-    return Path(os.environ.get("MINISGL_CACHE", Path.home() / ".cache" / "minisgl")) / f"sglang-{SGLANG_VERSION}"
+    return cache_dir() / f"sglang-{SGLANG_VERSION}"
 
 
 def fetch_command(dest: Path) -> list[str]:

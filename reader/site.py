@@ -15,6 +15,7 @@ import sys
 import tarfile
 from pathlib import Path
 
+from minisgl.utils.common import cache_dir
 from reader.sglang_source import ReaderError
 from reader.site_pages import render_all
 from reader.views import REPO_ROOT
@@ -30,7 +31,7 @@ ASSETS = {
 
 
 def _asset_cache() -> Path:
-    return Path(os.environ.get("MINISGL_CACHE", Path.home() / ".cache" / "minisgl")) / "site-assets"
+    return cache_dir() / "site-assets"
 
 
 def render_pages(sglang_root: Path) -> dict[str, str]:

@@ -47,7 +47,6 @@ class ForwardBatch:
     seq_lens: torch.Tensor
     seq_lens_cpu: torch.Tensor
     out_cache_loc: torch.Tensor
-    seq_lens_sum: int
     positions: torch.Tensor
     sampling_info: SamplingBatchInfo
     req_to_token_pool: ReqToTokenPool
@@ -71,7 +70,6 @@ class ForwardBatch:
             seq_lens=batch.seq_lens,
             seq_lens_cpu=batch.seq_lens_cpu,
             out_cache_loc=batch.out_cache_loc,
-            seq_lens_sum=int(batch.seq_lens_cpu.sum()),
             positions=clamp_position(batch.seq_lens),
             sampling_info=batch.sampling_info,
             req_to_token_pool=model_runner.req_to_token_pool,

