@@ -474,6 +474,8 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
 # Pieces with no counterpart, and why. A key may name a module: it covers everything inside.
 NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._workspace": "SGLang's torch-native backend gathers into fresh tensors; its GPU backends never gather",
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather": "SGLang's torch-native backend indexes k_cache[per_req_tokens] inline, one request at a time",
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather_kv": "as _gather; SGLang's CPU backend (intel_amx) reads K/V by slot inside its C++ decode kernel instead",
     "minisgl.layers.rotary_embedding._new_rope": "helper of get_rope; SGLang builds each rope variant in its factory",
     "minisgl.bench_args._check_writable_file": "helper of check_args",
     "minisgl.bench_args.check_args": "SGLang asserts inside the bench and validates ServerArgs in __post_init__; minisgl refuses every bad value before loading, with exit code 2",

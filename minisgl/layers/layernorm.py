@@ -7,6 +7,7 @@ bfloat16 results match HF. SGLang dispatches to fused CUDA/Triton/AMX kernels fo
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 
 
@@ -20,7 +21,6 @@ class RMSNorm(nn.Module):
         if residual is not None:
             x = x + residual
             residual = x
-        h = x.float()
-        h = h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + self.variance_epsilon)
+        h = F.rms_norm(x.float(), x.shape[-1:], eps=self.variance_epsilon)
         out = self.weight * h.to(x.dtype)
         return out if residual is None else (out, residual)

@@ -1,8 +1,9 @@
 """TorchNativeAttnBackend: attention with ``scaled_dot_product_attention``, K/V read through ``req_to_token``.
 
 Extend handles one request at a time, because each has its own prefix and length: its queries attend to
-the cached prefix plus its own new tokens (causal). Decode is batched: every request's K/V row is
-gathered up to the longest sequence and the padding is masked, so one SDPA call serves the batch.
+the cached prefix plus its own new tokens (causal). Decode is batched: each request's K/V are gathered up
+to the longest sequence (padding masked), the query heads sharing a KV head ride along as extra query
+rows, and one SDPA call serves a block of requests small enough for its K/V to stay in the CPU's cache.
 
 SGLang's ``TorchNativeAttnBackend`` loops over requests in both modes; its Triton, FlashInfer and
 FlashAttention backends build ``kv_indptr``/``kv_indices`` (or page tables) from the same
@@ -25,6 +26,9 @@ if TYPE_CHECKING:
     from minisgl.model_executor.forward_batch_info import ForwardBatch
 
 
+_CACHE_BLOCK_BYTES = 4 << 20  # gathered K/V per block of decode requests: well inside a CPU's L2 + L3
+
+
 @dataclass
 class ExtendMetadata:
     kv_indices: list[torch.Tensor]  # per request: KV slots of positions 0..seq_len-1
@@ -35,7 +39,15 @@ class ExtendMetadata:
 @dataclass
 class DecodeMetadata:
     kv_indices: torch.Tensor  # [batch, max_seq_len] KV slots (padding positions point at slot 0)
-    mask: torch.Tensor  # [batch, 1, 1, max_seq_len], True where a position is real
+    mask: torch.Tensor | None  # [batch, 1, 1, max_seq_len], True where a position is real; None if none is padding
+    head_major_rows: torch.Tensor | None = None  # built by the first layer that needs it
+
+    def get_head_major_rows(self, kv_heads: int) -> torch.Tensor:
+        """``[batch, kv_heads, max_seq_len]`` rows of the pool viewed as ``[slots * kv_heads, head_dim]``."""
+        if self.head_major_rows is None:
+            heads = torch.arange(kv_heads, device=self.kv_indices.device)
+            self.head_major_rows = self.kv_indices[:, None, :] * kv_heads + heads[None, :, None]
+        return self.head_major_rows
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -60,7 +72,8 @@ class TorchNativeAttnBackend(AttentionBackend):
             max_len = int(forward_batch.seq_lens_cpu.max())
             valid = torch.arange(max_len, device=rows.device) < forward_batch.seq_lens[:, None]
             kv_indices = torch.where(valid, req_to_token[rows, :max_len], 0)
-            self.forward_metadata = DecodeMetadata(kv_indices, valid[:, None, None, :])
+            ragged = int(forward_batch.seq_lens_cpu.min()) != max_len
+            self.forward_metadata = DecodeMetadata(kv_indices, valid[:, None, None, :] if ragged else None)
             return
         kv_indices, masks, q_slices, start = [], [], [], 0
         seq_lens = forward_batch.seq_lens_cpu.tolist()
@@ -98,27 +111,56 @@ class TorchNativeAttnBackend(AttentionBackend):
             )[0].transpose(0, 1)
         return out.view(-1, layer.tp_q_head_num * layer.head_dim)
 
+    def _gather(self, name: str, source: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+        # Into buffers kept across layers and steps: a fresh tensor of this size per layer costs page faults
+        # (measured alone at batch 32: 18 ms -> 11 ms per layer). index_select on a flat index is also
+        # several times faster than advanced indexing on CPU.
+        out = self._workspace(name, (index.numel(), *source.shape[1:]), source.dtype)
+        return torch.index_select(source, 0, index.flatten(), out=out)
+
+    def _gather_kv(self, buffers, index: torch.Tensor, head_major: bool, upcast: bool) -> list[torch.Tensor]:
+        """K and V of the requests in ``index``, as ``[requests, kv_heads, seq_len, head_dim]``."""
+        requests, seq_len = index.shape[0], index.shape[-1]
+        gathered = []
+        for name, buffer in zip("kv", buffers):
+            kv_heads, head_dim = buffer.shape[1:]
+            if head_major:
+                rows = self._gather(name, buffer.view(-1, head_dim), index)
+                gathered.append(rows.view(requests, kv_heads, seq_len, head_dim))
+                continue
+            rows = self._gather(name, buffer, index)
+            if upcast:
+                rows = self._workspace(name + "32", rows.shape, torch.float32).copy_(rows)
+            gathered.append(rows.view(requests, seq_len, kv_heads, head_dim).transpose(1, 2))
+        return gathered
+
     def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch) -> torch.Tensor:
         pool = forward_batch.token_to_kv_pool
         pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         meta: DecodeMetadata = self.forward_metadata
-        batch, max_len = meta.kv_indices.shape
-        flat = meta.kv_indices.view(-1)
-        rows = (batch * max_len, layer.tp_k_head_num, layer.head_dim)
-        k_buffer, v_buffer = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
-        # Gathered into buffers kept across layers and steps: a fresh tensor of this size per layer costs
-        # page faults (measured alone at batch 32: 18 ms -> 11 ms per layer). index_select on the flat slot list
-        # is also several times faster than advanced indexing on CPU.
-        keys = torch.index_select(k_buffer, 0, flat, out=self._workspace("k", rows, k_buffer.dtype))
-        values = torch.index_select(v_buffer, 0, flat, out=self._workspace("v", rows, v_buffer.dtype))
-        if keys.device.type == "cpu" and keys.dtype != torch.float32:
-            # One-query attention in float32: CPU SDPA kernels are several times slower for 16-bit inputs.
-            keys = self._workspace("k32", rows, torch.float32).copy_(keys)
-            values = self._workspace("v32", rows, torch.float32).copy_(values)
-        kv_shape = (batch, max_len, layer.tp_k_head_num, layer.head_dim)
-        keys, values = keys.view(kv_shape).transpose(1, 2), values.view(kv_shape).transpose(1, 2)
-        q = q.view(-1, layer.tp_q_head_num, 1, layer.head_dim)
-        out = F.scaled_dot_product_attention(
-            q.to(keys.dtype), keys, values, attn_mask=meta.mask, scale=layer.scaling, enable_gqa=True
-        )
-        return out.to(q.dtype).reshape(-1, layer.tp_q_head_num * layer.head_dim)
+        (batch, seq_len), kv_heads, head_dim = meta.kv_indices.shape, layer.tp_k_head_num, layer.head_dim
+        buffers = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
+        # The query heads that share a KV head become that head's query rows, so each K/V block is read once
+        # per group of heads instead of once per head.
+        group = layer.tp_q_head_num // kv_heads
+        queries = q.view(batch, kv_heads, group, head_dim)
+        out = torch.empty_like(queries)
+        on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32
+        # CPU SDPA's 16-bit kernel is fast for several query rows on contiguous [seq, head_dim] blocks (so
+        # grouped heads are gathered head by head: SmolLM2 bf16 batch 32, 133 -> 100 ms/step) and slow for one
+        # query row, where float32 is faster, copy included.
+        head_major, upcast = on_cpu and half and group > 1, on_cpu and half and group == 1
+        index = meta.get_head_major_rows(kv_heads) if head_major else meta.kv_indices
+        # On CPU, requests are attended a few at a time so that the K/V gathered for them are still in cache when
+        # SDPA reads them; a whole large batch's gather goes out to memory and back (dummy134 bf16 batch 32:
+        # 154 -> 92 ms/step of attention).
+        request_bytes = 2 * seq_len * kv_heads * head_dim * (buffers[0].element_size() + 4 * upcast)
+        chunk = max(1, _CACHE_BLOCK_BYTES // request_bytes) if on_cpu else batch
+        for start in range(0, batch, chunk):
+            rows = slice(start, start + chunk)
+            keys, values = self._gather_kv(buffers, index[rows], head_major, upcast)
+            mask = None if meta.mask is None else meta.mask[rows]
+            out[rows] = F.scaled_dot_product_attention(
+                queries[rows].to(keys.dtype), keys, values, attn_mask=mask, scale=layer.scaling
+            )
+        return out.view(batch, layer.tp_q_head_num * head_dim)
