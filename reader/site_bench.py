@@ -36,6 +36,36 @@ def _table(rows: list[dict]) -> list[str]:
     return out
 
 
+def _targets(rows: list[dict]) -> list[str]:
+    """Issue #5's targets against these results: the worst row of each, and whether it meets the bar."""
+
+    def worst(key: str, keep) -> tuple[float, str]:
+        picked = [r for r in rows if keep(r)]
+        r = min(picked, key=lambda r: r[key])
+        return r[key], f"{r['model']} {r['dtype']} {r['batch']},{r['input']},{r['output']}"
+
+    checks = [
+        ("decode at batch 1, float32: share of the bandwidth floor", 0.85, "minisgl_decode_floor_share",
+         lambda r: r["batch"] == 1 and r["dtype"] == "float32", "{:.0%}"),
+        ("decode at batch 8: speedup over HF", 2.0, "decode_speedup", lambda r: r["batch"] == 8, "{:.2f}x"),
+        ("prefill, float32: share of the matmul peak", 0.75, "minisgl_prefill_peak_share",
+         lambda r: r["dtype"] == "float32", "{:.0%}"),
+        ("prefill, bfloat16: share of the matmul peak", 0.50, "minisgl_prefill_peak_share",
+         lambda r: r["dtype"] == "bfloat16", "{:.0%}"),
+        ("every row: prefill speedup over HF", 1.0, "prefill_speedup", lambda r: True, "{:.2f}x"),
+        ("every row: decode speedup over HF", 1.0, "decode_speedup", lambda r: True, "{:.2f}x"),
+    ]  # fmt: skip
+    out = ["| target (medians) | bar | worst row | its value | met |\n|---|---|---|---|---|\n"]
+    for name, bar, key, keep, fmt in checks:
+        if not any(keep(r) for r in rows):
+            continue
+        value, label = worst(key, keep)
+        out.append(
+            f"| {name} | {fmt.format(bar)} | {label} | {fmt.format(value)} | {'yes' if value >= bar else 'no'} |\n"
+        )
+    return out
+
+
 def chart_svg(rows: list[dict]) -> str:
     import matplotlib
 
@@ -79,6 +109,9 @@ def bench_pages() -> dict[str, str]:
         f"{peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s.\n\n"
         "![minisgl / HF speedups](bench-chart.svg)\n\n"
     )
+    out.append("The performance targets (issue #5), each against its worst row:\n\n")
+    out += _targets(rows)
+    out.append("\n")
     out += _table(rows)
     out.append(f"\nReproduce:\n\n```bash\n{COMMAND}\n```\n")
     return {"reference/bench.md": "".join(out), "reference/bench-chart.svg": chart_svg(rows)}
