@@ -1,8 +1,9 @@
 """reader's static chain against a real run: every static edge from ``extend``/``decode`` down must execute.
 
 A ``sys.setprofile`` hook records (caller, callee) pairs of minisgl functions while ``extend`` and ``decode``
-run on a tiny Llama (greedy and sampled requests in one batch). Executed minisgl calls that the static chain
-lacks are printed (``pytest -s``), not asserted: the chain is allowed to be incomplete, never wrong.
+run on a tiny Llama (greedy and sampled requests in one batch, float32 and bfloat16). Executed minisgl
+calls that the static chain lacks are printed (``pytest -s``), not asserted: the chain is allowed to be
+incomplete, never wrong.
 """
 
 from __future__ import annotations
@@ -26,6 +27,10 @@ CONDITIONAL = {
         "minisgl.layers.vocab_parallel_embedding.VocabParallelEmbedding.forward",
         "minisgl.distributed.parallel_state.tensor_model_parallel_all_reduce",
     ): "only with tensor parallelism (tp_size > 1)",
+    (
+        "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather_kv",
+        "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._workspace",
+    ): "only for 16-bit K/V with one query head per KV head, upcast to float32 (the tiny Llama groups 2 heads)",
 }
 
 
@@ -74,15 +79,18 @@ def test_static_chain_edges_execute(tiny_llama):
     for entry in ("minisgl.bench_one_batch.extend", "minisgl.bench_one_batch.decode"):
         static |= _static_edges(_find(chain.root, entry))
 
-    runner = make_runner(tiny_llama)
-    reqs = []
-    for i, (ids, params) in enumerate(
-        [([5, 17, 42, 9], SamplingParams(temperature=0)), ([8, 2, 31], SamplingParams(temperature=0.8, top_k=5))]
-    ):
-        req = Req(i, "", ids, params)
-        req.full_untruncated_fill_ids, req.fill_len = req.origin_input_ids, len(ids)
-        reqs.append(req)
+    def make_reqs():
+        reqs = []
+        for i, (ids, params) in enumerate(
+            [([5, 17, 42, 9], SamplingParams(temperature=0)), ([8, 2, 31], SamplingParams(temperature=0.8, top_k=5))]
+        ):
+            req = Req(i, "", ids, params)
+            req.full_untruncated_fill_ids, req.fill_len = req.origin_input_ids, len(ids)
+            reqs.append(req)
+        return reqs
 
+    # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit grouped heads.
+    runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
     executed: set[tuple[str, str]] = set()
 
     def hook(frame, event, arg):
@@ -100,8 +108,9 @@ def test_static_chain_edges_execute(tiny_llama):
     torch.manual_seed(0)
     sys.setprofile(hook)
     try:
-        next_ids, _, batch = extend(reqs, runner)
-        decode(next_ids, batch, runner)
+        for runner in runners:
+            next_ids, _, batch = extend(make_reqs(), runner)
+            decode(next_ids, batch, runner)
     finally:
         sys.setprofile(None)
 
