@@ -118,7 +118,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         out = self._workspace(name, (index.numel(), *source.shape[1:]), source.dtype)
         return torch.index_select(source, 0, index.flatten(), out=out)
 
-    def _gather_kv(self, buffers, index: torch.Tensor, head_major: bool, upcast: bool) -> list[torch.Tensor]:
+    def _gather_kv(
+        self, buffers: tuple[torch.Tensor, torch.Tensor], index: torch.Tensor, head_major: bool, upcast: bool
+    ) -> list[torch.Tensor]:
         """K and V of the requests in ``index``, as ``[requests, kv_heads, seq_len, head_dim]``."""
         requests, seq_len = index.shape[0], index.shape[-1]
         gathered = []
