@@ -3,7 +3,8 @@
 Extend handles one request at a time, because each has its own prefix and length: its queries attend to
 the cached prefix plus its own new tokens (causal). Decode is batched: each request's K/V are gathered up
 to the longest sequence (padding masked), the query heads sharing a KV head ride along as extra query
-rows, and one SDPA call serves a block of requests small enough for its K/V to stay in the CPU's cache.
+rows, and one SDPA call serves the batch (on CPU, a block of requests small enough for its K/V to stay in
+cache).
 
 SGLang's ``TorchNativeAttnBackend`` loops over requests in both modes; its Triton, FlashInfer and
 FlashAttention backends build ``kv_indptr``/``kv_indices`` (or page tables) from the same
@@ -146,7 +147,6 @@ class TorchNativeAttnBackend(AttentionBackend):
         # per group of heads instead of once per head.
         group = layer.tp_q_head_num // kv_heads
         queries = q.view(batch, kv_heads, group, head_dim)
-        out = torch.empty_like(queries)
         on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32
         # CPU SDPA's 16-bit kernel is fast for several query rows on contiguous [seq, head_dim] blocks (so
         # grouped heads are gathered head by head: SmolLM2 bf16 batch 32, 133 -> 100 ms/step) and slow for one
@@ -158,11 +158,15 @@ class TorchNativeAttnBackend(AttentionBackend):
         # 154 -> 92 ms/step of attention).
         request_bytes = 2 * seq_len * kv_heads * head_dim * (buffers[0].element_size() + 4 * upcast)
         chunk = max(1, _CACHE_BLOCK_BYTES // request_bytes) if on_cpu else batch
+        outs = []
         for start in range(0, batch, chunk):
             rows = slice(start, start + chunk)
             keys, values = self._gather_kv(buffers, index[rows], head_major, upcast)
             mask = None if meta.mask is None else meta.mask[rows]
-            out[rows] = F.scaled_dot_product_attention(
-                queries[rows].to(keys.dtype), keys, values, attn_mask=mask, scale=layer.scaling
+            outs.append(
+                F.scaled_dot_product_attention(
+                    queries[rows].to(keys.dtype), keys, values, attn_mask=mask, scale=layer.scaling
+                )
             )
-        return out.view(batch, layer.tp_q_head_num * head_dim)
+        out = outs[0] if len(outs) == 1 else torch.cat(outs)
+        return out.to(q.dtype).reshape(batch, layer.tp_q_head_num * head_dim)
