@@ -1,9 +1,11 @@
 """minisgl against HF transformers and against this machine's roofline, measured side by side in one run.
 
-    python bench/perf.py                       # both models, both dtypes, all workloads (~15 min on 2 cores)
-    python bench/perf.py --models dummy134 --dtypes float32 --workloads 1,128,32 --reps 3
+    python bench/perf.py                       # both models, both dtypes, all workloads (~30 min on 2 cores)
+    python bench/perf.py --models dummy134 --dtypes float32 --workloads 1,128,32 --reps 3 --engines minisgl hf
 
-minisgl runs through the same code as ``bench_one_batch`` (``load_model`` + ``latency_test_run_once``);
+minisgl runs through the same code as ``bench_one_batch`` (``load_model`` + ``latency_test_run_once``), eagerly
+(engine ``minisgl``) and with ``--enable-torch-compile`` (engine ``compiled``; it compiles in the warm-up, as
+in the bench);
 HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same weights, each step timed by a
 logits processor that stamps the clock as every new token's logits arrive. Engines alternate
 between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and
@@ -20,6 +22,8 @@ import os
 import statistics
 import tempfile
 import time
+from dataclasses import replace
+from functools import partial
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
@@ -35,6 +39,7 @@ from minisgl.server_args import ServerArgs  # noqa: E402
 
 WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ENGINES = {"minisgl": "eager", "compiled": "compiled", "hf": "HF"}  # engine -> its short name in the table
 
 
 def best_time(fn, reps: int) -> float:
@@ -138,6 +143,7 @@ def main() -> None:
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--workloads", nargs="+", default=[",".join(map(str, w)) for w in WORKLOADS])
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     parser.add_argument("--output", default="bench/results.json")
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
@@ -149,28 +155,33 @@ def main() -> None:
         for dtype_name in args.dtypes:
             max_tokens = max(b * (i + o) for b, i, o in workloads) + 64
             server_args = ServerArgs(model_path=path, dtype=dtype_name, max_total_tokens=max_tokens)
-            with contextlib.redirect_stdout(io.StringIO()):
-                runner, _ = load_model(server_args, 0)
             hf = hf_loader(DTYPES[dtype_name]).eval()
             vocab = hf.config.vocab_size
+            runs = {}
+            for engine in args.engines:
+                if engine == "hf":
+                    runs[engine] = partial(run_hf, hf)
+                    continue
+                with contextlib.redirect_stdout(io.StringIO()):
+                    runner, _ = load_model(replace(server_args, enable_torch_compile=engine == "compiled"), 0)
+                runs[engine] = partial(run_minisgl, runner)
             for b, i, o in workloads:
-                run_minisgl(runner, b, i, min(o, 4), vocab)  # warm-up, as the bench does
-                run_hf(hf, b, i, min(o, 4), vocab)
-                samples = {"minisgl": [], "hf": []}
-                for _ in range(args.reps):  # alternate engines so drifting machine load hits both alike
-                    samples["minisgl"].append(run_minisgl(runner, b, i, o, vocab))
-                    samples["hf"].append(run_hf(hf, b, i, o, vocab))
+                for run in runs.values():
+                    run(b, i, min(o, 4), vocab)  # warm-up (and compile), as the bench does
+                samples = {engine: [] for engine in runs}
+                for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
+                    for engine, run in runs.items():
+                        samples[engine].append(run(b, i, o, vocab))
                 row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
                 for engine, values in samples.items():
                     row[f"{engine}_prefill_s"] = summarize([v[0] for v in values])
                     row[f"{engine}_decode_s"] = summarize([v[1] for v in values])
                 row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(hf, b, i), decode_bytes(hf)
-                row["prefill_speedup"] = row["hf_prefill_s"]["median"] / row["minisgl_prefill_s"]["median"]
-                row["decode_speedup"] = row["hf_decode_s"]["median"] / row["minisgl_decode_s"]["median"]
+                add_speedups(row)
                 rows.append(row)
-                print(f"{model_name} {dtype_name} {b},{i},{o}: decode x{row['decode_speedup']:.2f}, "
-                      f"prefill x{row['prefill_speedup']:.2f} (HF time / minisgl time)", flush=True)  # fmt: skip
-            del runner, hf
+                speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
+                print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
+            del runs, hf
     # A shared machine's peaks drift: keep the best of the measurements before and after the engines ran.
     peaks = {key: max(value, machine_peaks()[key]) for key, value in peaks.items()}
     for row in rows:
@@ -181,10 +192,18 @@ def main() -> None:
     print(f"written {args.output}")
 
 
+def add_speedups(row: dict) -> None:
+    """HF time / minisgl time: ``prefill_speedup`` and ``decode_speedup`` (eager), ``compiled_*_speedup``."""
+    for engine, prefix in (("minisgl", ""), ("compiled", "compiled_")):
+        if f"{engine}_prefill_s" in row and "hf_prefill_s" in row:
+            for phase in ("prefill", "decode"):
+                row[f"{prefix}{phase}_speedup"] = row[f"hf_{phase}_s"]["median"] / row[f"{engine}_{phase}_s"]["median"]
+
+
 def add_roofline_shares(row: dict, peaks: dict) -> None:
     """Prefill as a share of the matmul peak; decode as the bandwidth floor's share of the step time."""
     floor = row["decode_bytes"] / peaks["read_bandwidth_bytes"]
-    for engine in ("minisgl", "hf"):
+    for engine in (e for e in ENGINES if f"{e}_prefill_s" in row):
         prefill_rate = row["prefill_flops"] / row[f"{engine}_prefill_s"]["median"]
         row[f"{engine}_prefill_peak_share"] = prefill_rate / peaks[f"matmul_{row['dtype']}_flops"]
         row[f"{engine}_decode_floor_share"] = floor / row[f"{engine}_decode_s"]["median"]
@@ -194,19 +213,27 @@ def print_table(rows, peaks) -> None:
     table = Table(title=(f"matmul peak fp32 {peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, "
                          f"bf16 {peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s; "
                          f"read bandwidth {peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s"))  # fmt: skip
-    for col in ("model", "dtype", "B,I,O", "prefill ms mini [min-max]", "prefill ms HF", "prefill x", "% peak mini",
-                "% peak HF", "decode ms mini [min-max]", "decode ms HF", "decode x", "% floor mini", "% floor HF"):  # fmt: skip
+    engines = [e for e in ENGINES if rows and f"{e}_prefill_s" in rows[0]]
+    speedups = [key for key in ("prefill_speedup", "compiled_prefill_speedup", "decode_speedup",
+                                "compiled_decode_speedup") if rows and key in rows[0]]  # fmt: skip
+    columns = ["model", "dtype", "B,I,O"]
+    for phase, share in (("prefill", "% peak"), ("decode", "% floor")):
+        columns += [f"{phase} ms {ENGINES[e]}" + (" [min-max]" if e != "hf" else "") for e in engines]
+        columns += [f"{share} {ENGINES[e]}" for e in engines]
+    columns += [key.replace("_speedup", " x").replace("_", " ") for key in speedups]
+    for col in columns:
         table.add_column(col, justify="right")
     for r in rows:
-        mp, hp, md, hd = r["minisgl_prefill_s"], r["hf_prefill_s"], r["minisgl_decode_s"], r["hf_decode_s"]
-        table.add_row(
-            r["model"], r["dtype"], f"{r['batch']},{r['input']},{r['output']}",
-            f"{mp['median'] * 1e3:.1f} [{mp['min'] * 1e3:.1f}-{mp['max'] * 1e3:.1f}]", f"{hp['median'] * 1e3:.1f}",
-            f"{r['prefill_speedup']:.2f}", f"{r['minisgl_prefill_peak_share']:.0%}", f"{r['hf_prefill_peak_share']:.0%}",
-            f"{md['median'] * 1e3:.2f} [{md['min'] * 1e3:.2f}-{md['max'] * 1e3:.2f}]", f"{hd['median'] * 1e3:.2f}",
-            f"{r['decode_speedup']:.2f}", f"{r['minisgl_decode_floor_share']:.0%}", f"{r['hf_decode_floor_share']:.0%}",
-        )  # fmt: skip
-    Console(width=250).print(table)
+        cells = [r["model"], r["dtype"], f"{r['batch']},{r['input']},{r['output']}"]
+        for phase, share in (("prefill", "prefill_peak_share"), ("decode", "decode_floor_share")):
+            for e in engines:
+                t = r[f"{e}_{phase}_s"]
+                span = f" [{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}]" if e != "hf" else ""
+                cells.append(f"{t['median'] * 1e3:.1f}{span}")
+            cells += [f"{r[f'{e}_{share}']:.0%}" for e in engines]
+        cells += [f"{r[key]:.2f}" for key in speedups]
+        table.add_row(*cells)
+    Console(width=300).print(table)
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from minisgl.utils.common import InputError
 
 # SGLang flags a user may bring over from an SGLang command line; minisgl refuses each one by name.
 UNSUPPORTED_SGLANG_FLAGS = (
-    "--kv-cache-dtype", "--quantization", "--enable-torch-compile", "--disable-cuda-graph",
+    "--kv-cache-dtype", "--quantization", "--disable-cuda-graph",
     "--cuda-graph-max-bs", "--trust-remote-code", "--context-length", "--chunked-prefill-size",
     "--max-running-requests", "--enable-dp-attention", "--dp-size", "--ep-size", "--nnodes",
     "--node-rank", "--dist-init-addr", "--sampling-backend", "--disable-radix-cache",
@@ -44,6 +44,8 @@ class ServerArgs:
     page_size: int = 1
     attention_backend: str = "torch_native"
     random_seed: int = 42
+    enable_torch_compile: bool = False
+    torch_compile_max_bs: int = 32
     log_level: str = "info"
 
     @staticmethod
@@ -89,6 +91,12 @@ class ServerArgs:
             help="attention kernels reading K/V through req_to_token",
         )
         add("--random-seed", type=int, default=42, help="seed for dummy weights, synthetic inputs and sampling")
+        add(
+            "--enable-torch-compile",
+            action="store_true",
+            help="compile the model forward with torch.compile (the first batch of each mode compiles)",
+        )
+        add("--torch-compile-max-bs", type=int, default=32, help="largest decode batch run compiled")
         add("--log-level", type=str, default="info", help="python logging level")
         for flag in UNSUPPORTED_SGLANG_FLAGS:
             add(flag, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
@@ -105,5 +113,7 @@ class ServerArgs:
             raise InputError(f"--page-size {self.page_size}: minisgl's allocator is token-granular; use 1")
         if self.mem_fraction_static is not None and not 0 < self.mem_fraction_static < 1:
             raise InputError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
+        if self.torch_compile_max_bs < 1:
+            raise InputError(f"--torch-compile-max-bs must be at least 1, got {self.torch_compile_max_bs}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:
             raise InputError(f"--max-total-tokens must be positive, got {self.max_total_tokens}")

@@ -213,6 +213,46 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "sglang/srt/layers/rotary_embedding/utils.py",
     ),
     "minisgl.layers.rotary_embedding.get_rope": ("get_rope", "sglang/srt/layers/rotary_embedding/factory.py"),
+    "minisgl.layers.rotary_embedding.RotaryEmbedding._lookup": (
+        "RotaryEmbedding.forward_native",
+        "sglang/srt/layers/rotary_embedding/base.py",
+    ),
+    "minisgl.layers.radix_attention.unified_attention": (
+        "unified_attention_with_output",
+        "sglang/srt/layers/radix_attention.py",
+    ),
+    "minisgl.model_executor.cpu_graph_runner.set_torch_compile_config": (
+        "set_torch_compile_config",
+        "sglang/srt/model_executor/cpu_graph_runner.py",
+    ),
+    "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner": (
+        "CPUGraphRunner",
+        "sglang/srt/model_executor/cpu_graph_runner.py",
+    ),
+    "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.__init__": (
+        "CPUGraphRunner.__init__",
+        "sglang/srt/model_executor/cpu_graph_runner.py",
+    ),
+    "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph": (
+        "CPUGraphRunner.can_run_graph",
+        "sglang/srt/model_executor/cpu_graph_runner.py",
+    ),
+    "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.execute": (
+        "CPUGraphRunner.execute",
+        "sglang/srt/model_executor/cpu_graph_runner.py",
+    ),
+    "minisgl.model_executor.forward_context.ForwardContext": (
+        "ForwardContext",
+        "sglang/srt/model_executor/forward_context.py",
+    ),
+    "minisgl.model_executor.forward_context.get_forward_context": (
+        "get_forward_context",
+        "sglang/srt/model_executor/forward_context.py",
+    ),
+    "minisgl.model_executor.forward_context.forward_context": (
+        "forward_context",
+        "sglang/srt/model_executor/forward_context.py",
+    ),
     "minisgl.layers.sampler.Sampler": ("Sampler", "sglang/srt/layers/sampler.py"),
     "minisgl.layers.sampler.Sampler.forward": ("Sampler.forward", "sglang/srt/layers/sampler.py"),
     "minisgl.layers.sampler.top_k_top_p_min_p_sampling_from_probs_torch": (

@@ -306,6 +306,7 @@ BAD_INPUTS = {
     "sglang-only-flag": (["--kv-cache-dtype", "fp8"], {}, "--kv-cache-dtype"),
     "model-missing": (["--model-path", "/nonexistent"], {}, "/nonexistent"),
     "page-size": (["--page-size", "16"], {}, "--page-size"),
+    "torch-compile-max-bs-0": (["--enable-torch-compile", "--torch-compile-max-bs", "0"], {}, "--torch-compile-max-bs"),
     "unknown-flag": (["--foo"], {}, "--foo"),
     "prompt-over-context": (["--prompt-filename", "long.txt"], {}, "context length 512"),
 }

@@ -31,6 +31,43 @@ CONDITIONAL = {
         "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather_kv",
         "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._workspace",
     ): "only for 16-bit K/V with one query head per KV head, upcast to float32 (the tiny Llama groups 2 heads)",
+    **{
+        edge: "only with --enable-torch-compile (tests/test_torch_compile.py counts the compiled calls)"
+        for edge in [
+            (
+                "minisgl.layers.radix_attention.RadixAttention.forward",
+                "minisgl.layers.radix_attention.unified_attention",
+            ),
+            (
+                "minisgl.layers.radix_attention.unified_attention",
+                "minisgl.layers.attention.base_attn_backend.AttentionBackend.forward",
+            ),
+            (
+                "minisgl.layers.radix_attention.unified_attention",
+                "minisgl.model_executor.forward_context.get_forward_context",
+            ),
+            (
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph",
+                "minisgl.model_executor.forward_batch_info.ForwardMode.is_extend",
+            ),
+            (
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.execute",
+                "minisgl.model_executor.forward_batch_info.ForwardMode.is_decode",
+            ),
+            (
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.execute",
+                "minisgl.model_executor.forward_context.forward_context",
+            ),
+            (
+                "minisgl.model_executor.model_runner.ModelRunner.forward",
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph",
+            ),
+            (
+                "minisgl.model_executor.model_runner.ModelRunner.forward",
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.execute",
+            ),
+        ]
+    },  # fmt: skip
 }
 
 

@@ -160,16 +160,25 @@ def test_no_external_urls(built):
 def test_bench_targets_report_the_worst_row_of_each():
     from reader.site_bench import _targets
 
-    def row(model, dtype, batch, floor, speedup, peak):
-        return {"model": model, "dtype": dtype, "batch": batch, "input": 128, "output": 32,
+    def row(model, dtype, batch, floor, speedup, peak, compiled_floor):
+        return {"model": model, "dtype": dtype, "batch": batch, "input": 128, "output": 32, "minisgl_prefill_s": {},
                 "minisgl_decode_floor_share": floor, "decode_speedup": speedup, "prefill_speedup": 1.2,
-                "minisgl_prefill_peak_share": peak}  # fmt: skip
+                "minisgl_prefill_peak_share": peak, "compiled_prefill_s": {},
+                "compiled_decode_floor_share": compiled_floor, "compiled_decode_speedup": speedup + 1,
+                "compiled_prefill_speedup": 1.3, "compiled_prefill_peak_share": peak}  # fmt: skip
 
-    rows = [row("a", "float32", 1, 0.90, 1.5, 0.80), row("b", "float32", 1, 0.60, 1.4, 0.90),
-            row("a", "bfloat16", 8, 0.30, 2.5, 0.55), row("b", "float32", 8, 0.40, 0.9, 0.76)]  # fmt: skip
-    lines = {line.split(" | ")[0].lstrip("| "): line for line in _targets(rows)[1:]}
-    assert "| b float32 1,128,32 | 60% | no |" in lines["decode at batch 1, float32: share of the bandwidth floor"]
-    assert "| b float32 8,128,32 | 0.90x | no |" in lines["decode at batch 8: speedup over HF"]
-    assert "| b float32 8,128,32 | 76% | yes |" in lines["prefill, float32: share of the matmul peak"]
-    assert "| a bfloat16 8,128,32 | 55% | yes |" in lines["prefill, bfloat16: share of the matmul peak"]
-    assert "| b float32 8,128,32 | 0.90x | no |" in lines["every row: decode speedup over HF"]
+    rows = [row("a", "float32", 1, 0.90, 1.5, 0.80, 0.95), row("b", "float32", 1, 0.60, 1.4, 0.90, 0.88),
+            row("a", "bfloat16", 8, 0.30, 2.5, 0.55, 0.5), row("b", "float32", 8, 0.40, 0.9, 0.76, 0.5)]  # fmt: skip
+    lines = {}
+    for line in _targets(rows)[1:]:
+        name, engine = line.split(" | ")[:2]
+        lines[name.lstrip("| "), engine] = line
+    floor = "decode at batch 1, float32: share of the bandwidth floor"
+    assert "| b float32 1,128,32 | 60% | no |" in lines[floor, "minisgl"]
+    assert "| b float32 1,128,32 | 88% | yes |" in lines[floor, "minisgl --enable-torch-compile"]
+    assert "| b float32 8,128,32 | 0.90x | no |" in lines["decode at batch 8: speedup over HF", "minisgl"]
+    assert "| b float32 8,128,32 | 1.90x | no |" in lines["decode at batch 8: speedup over HF",
+                                                          "minisgl --enable-torch-compile"]  # fmt: skip
+    assert "| b float32 8,128,32 | 76% | yes |" in lines["prefill, float32: share of the matmul peak", "minisgl"]
+    assert "| a bfloat16 8,128,32 | 55% | yes |" in lines["prefill, bfloat16: share of the matmul peak", "minisgl"]
+    assert "| b float32 8,128,32 | 0.90x | no |" in lines["every row: decode speedup over HF", "minisgl"]

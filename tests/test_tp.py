@@ -130,6 +130,16 @@ def test_tp2_greedy_tokens_match_tp1(probe, model_dir):
     assert written == ref_ids  # only rank 0 wrote: one line per prompt
 
 
+def test_tp2_compiled_matches_tp1(probe, make_model, tmp_path):
+    """--enable-torch-compile with two ranks: the all-reduces sit inside the compiled graph."""
+    model_dir = make_model(**MODELS["llama"])
+    ref, _, _ = probe(model_dir)
+    server_args, bench_args = _args(model_dir, 2, tmp_path / "c.jsonl", correctness_test=True, output_len=(16,))
+    compiled = launch_tp(_probe, dataclasses.replace(server_args, enable_torch_compile=True), bench_args)
+    assert (compiled["logits"] - ref["logits"]).abs().max().item() <= 1e-5
+    assert [r["output_ids"] for r in compiled["records"]] == [r["output_ids"] for r in ref["records"]]
+
+
 def test_each_rank_holds_half_the_parameters(probe, make_model):
     ref, tp2, _ = probe(make_model(**MODELS["llama"]))
     (ref_sharded, ref_total), *_ = ref["bytes"]

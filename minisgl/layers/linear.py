@@ -54,18 +54,18 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
     copy_checked(param, loaded_weight)
 
 
-_MIN_PACKED_ROWS = 4
+MIN_PACKED_ROWS = 4
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not weight.is_mkldnn:
         return F.linear(x, weight, bias)
     rows = x.shape[0]
-    if rows >= _MIN_PACKED_ROWS:
+    if rows >= MIN_PACKED_ROWS:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     # oneDNN streams a prepacked weight ~15% faster for 4 input rows than for 1-3 (SmolLM2's linears, float32
     # and bfloat16), and the weight read is the whole cost: zero rows are padded on and their outputs dropped.
-    padded = F.pad(x, (0, 0, 0, _MIN_PACKED_ROWS - rows))
+    padded = F.pad(x, (0, 0, 0, MIN_PACKED_ROWS - rows))
     return torch.ops.mkldnn._linear_pointwise(padded, weight, bias, "none", [], "")[:rows]
 
 

@@ -26,13 +26,21 @@ class RotaryEmbedding(nn.Module):
         self._positions, self._cos_sin = None, None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
-        # Every layer shares this module and the same positions tensor in one forward: look up cos/sin once.
-        if positions is not self._positions or self._cos_sin[0].dtype != q.dtype:
-            cos, sin = self.cos_cached[positions].unsqueeze(1), self.sin_cached[positions].unsqueeze(1)
-            self._positions = positions
-            self._cos_sin = torch.cat((cos, cos), -1).to(q.dtype), torch.cat((-sin, sin), -1).to(q.dtype)
-        cos, sin = self._cos_sin
+        if torch.compiler.is_compiling():
+            # The compiler fuses the lookup into the rotation; a cache keyed on tensor identity would only add
+            # guards that fail (and recompile) at every step.
+            cos, sin = self._lookup(positions, q.dtype)
+        else:
+            # Every layer shares this module and the same positions tensor in one forward: look up cos/sin once.
+            if positions is not self._positions or self._cos_sin[0].dtype != q.dtype:
+                self._positions, self._cos_sin = positions, self._lookup(positions, q.dtype)
+            cos, sin = self._cos_sin
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def _lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """``[cos, cos]`` and ``[-sin, sin]`` per position, shaped ``[tokens, 1, head_dim]`` for broadcasting."""
+        cos, sin = self.cos_cached[positions].unsqueeze(1), self.sin_cached[positions].unsqueeze(1)
+        return torch.cat((cos, cos), -1).to(dtype), torch.cat((-sin, sin), -1).to(dtype)
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -21,6 +21,7 @@ from minisgl.layers.sampler import Sampler
 from minisgl.layers.vocab_parallel_embedding import prepack_lm_head
 from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.model_loader.loader import get_model
 from minisgl.server_args import ServerArgs
@@ -54,13 +55,15 @@ class ModelRunner:
         self.load_model()
         self.init_memory_pool()
         self.attn_backend = TorchNativeAttnBackend()
+        self.graph_runner: CPUGraphRunner | None = CPUGraphRunner(self) if server_args.enable_torch_compile else None
 
     def load_model(self) -> None:
         available = get_available_memory(self.device)
         sa = self.server_args
         self.model = get_model(self.model_config, sa.model_path, sa.load_format, self.device, sa.random_seed)
-        prepack_linear_weights(self.model)
-        prepack_lm_head(self.model.lm_head)
+        if not sa.enable_torch_compile:  # compiled, Inductor's freezing packs the weights itself
+            prepack_linear_weights(self.model)
+            prepack_lm_head(self.model.lm_head)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.available_after_load = min(available - self.weight_bytes, get_available_memory(self.device))
 
@@ -101,8 +104,10 @@ class ModelRunner:
         )
 
     def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
-        """One model forward. (SGLang dispatches here to a CUDA-graph replay or an eager extend/decode.)"""
+        """One model forward: the compiled graph when there is one for this batch, else eager (as SGLang)."""
         self.attn_backend.init_forward_metadata(forward_batch)
+        if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
+            return ModelRunnerOutput(logits_output=self.graph_runner.execute(forward_batch))
         logits_output = self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return ModelRunnerOutput(logits_output=logits_output)
 

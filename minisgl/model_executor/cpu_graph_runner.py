@@ -1,0 +1,74 @@
+"""CPUGraphRunner (``--enable-torch-compile``): the model's forward compiled by TorchInductor.
+
+Eagerly, a decode step of a small model launches about a thousand small kernels from Python (two RMSNorms,
+RoPE, SiLU and residual adds per layer, each a few kernels); at batch 1 that framework time is a fifth of
+SmolLM2's step. Compiled, the elementwise work between the matmuls fuses into a few C++ loops, the weights
+are frozen into oneDNN's packed layout, and the attention backend runs as one opaque custom op per layer
+(``minisgl::unified_attention``), which finds its batch through the forward context.
+
+One graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also makes
+Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed GEMM,
+is ~2.5x slower at decode). Decode batches of fewer than four rows are padded to four, as
+``apply_linear`` pads its input eagerly. The first forward of each mode compiles (tens of seconds on two
+cores; later processes reuse Inductor's on-disk cache).
+
+SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
+to the next captured size; prefill stays eager there. Its CUDA counterpart captures CUDA graphs, which
+minisgl does not: on CUDA the same compiled forward runs without graph capture.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+import torch.nn.functional as F
+
+from minisgl.layers.linear import MIN_PACKED_ROWS
+from minisgl.layers.logits_processor import LogitsProcessorOutput
+from minisgl.layers.radix_attention import RadixAttention
+from minisgl.model_executor.forward_batch_info import ForwardBatch
+from minisgl.model_executor.forward_context import ForwardContext, forward_context
+
+if TYPE_CHECKING:
+    from minisgl.model_executor.model_runner import ModelRunner
+
+
+def set_torch_compile_config() -> None:
+    import torch._dynamo.config as dynamo_config
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fx_graph_cache = True  # reuse compiled graphs across processes
+    inductor_config.freezing = True  # weights become constants: packed once, at compile time
+    # Fused 16-bit elementwise chains round where eager rounds, so bfloat16 results stay as close to HF's.
+    inductor_config.emulate_precision_casts = True
+    # Each model instance and forward mode is its own compiled graph; several runners in one process (tests,
+    # tp ranks on threads) would exceed dynamo's default of 8 and silently fall back to eager.
+    dynamo_config.cache_size_limit = dynamo_config.accumulated_cache_size_limit = 1024
+
+
+class CPUGraphRunner:
+    def __init__(self, model_runner: ModelRunner):
+        set_torch_compile_config()
+        self.device = model_runner.device
+        self.max_bs = model_runner.server_args.torch_compile_max_bs
+        layers = [m for m in model_runner.model.modules() if isinstance(m, RadixAttention)]
+        self.attention_layers = sorted(layers, key=lambda layer: layer.layer_id)
+        self.compiled_forward = torch.compile(model_runner.model.forward, dynamic=True)
+
+    def can_run_graph(self, forward_batch: ForwardBatch) -> bool:
+        """Extend always; decode up to ``--torch-compile-max-bs`` requests (larger batches run eagerly)."""
+        return forward_batch.forward_mode.is_extend() or forward_batch.batch_size <= self.max_bs
+
+    def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        input_ids, positions = forward_batch.input_ids, forward_batch.positions
+        padding = 0
+        if forward_batch.forward_mode.is_decode() and self.device.type == "cpu":
+            padding = max(0, MIN_PACKED_ROWS - input_ids.shape[0])
+        if padding:
+            input_ids, positions = F.pad(input_ids, (0, padding)), F.pad(positions, (0, padding))
+        with forward_context(ForwardContext(forward_batch, self.attention_layers)):
+            output = self.compiled_forward(input_ids, positions, forward_batch)
+        if padding:
+            output = LogitsProcessorOutput(next_token_logits=output.next_token_logits[: forward_batch.batch_size])
+        return output
