@@ -87,7 +87,8 @@ def chart_svg(rows: list[dict]) -> str:
 
     plt.rcParams["svg.hashsalt"] = "minisgl"
     engines = _engines(rows)
-    labels = [f"{r['model']} {r['dtype'][:4]} {r['batch']},{r['input']},{r['output']}" for r in rows]
+    short = {"float32": "fp32", "bfloat16": "bf16"}
+    labels = [f"{r['model']} {short.get(r['dtype'], r['dtype'])} {r['batch']},{r['input']},{r['output']}" for r in rows]
     height = 0.8 / len(engines)
     fig, axes = plt.subplots(1, 2, figsize=(11, 0.32 * len(rows) * len(engines) + 1.8), sharey=True)
     for ax, phase, title in zip(axes, ("prefill", "decode"), ("prefill", "decode step")):
@@ -101,9 +102,9 @@ def chart_svg(rows: list[dict]) -> str:
         ax.axvline(1.0, color="black", linewidth=0.8)
         ax.set_title(f"{title}: HF time / minisgl time")
         ax.set_yticks(range(len(rows)), labels, fontsize=8)
-        ax.invert_yaxis()
-    axes[0].legend(loc="lower right", fontsize=8)
-    fig.tight_layout()
+    axes[0].invert_yaxis()  # once: the y axis is shared, a second call would flip it back
+    fig.legend(*axes[0].get_legend_handles_labels(), loc="lower center", ncol=len(engines), fontsize=8)
+    fig.tight_layout(rect=(0, 0.04, 1, 1))
     buffer = io.StringIO()
     fig.savefig(buffer, format="svg", metadata={"Date": None})
     plt.close(fig)
@@ -130,7 +131,7 @@ def bench_pages() -> dict[str, str]:
         f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 matmul "
         f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s, read bandwidth "
         f"{peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s.\n\n"
-        "![minisgl / HF speedups](bench-chart.svg)\n\n"
+        "![minisgl / HF speedups](bench-chart.svg)\n\nHatched bars: slower than HF.\n\n"
     )
     out.append("The performance targets (issue #5), each against its worst row:\n\n")
     out += _targets(rows)

@@ -10,7 +10,8 @@ One graph serves every batch size: the batch dimension is symbolic (``dynamic=Tr
 Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed GEMM,
 is ~2.5x slower at decode). Decode batches of fewer than four rows are padded to four, as
 ``apply_linear`` pads its input eagerly. The first forward of each mode compiles (tens of seconds on two
-cores; later processes reuse Inductor's on-disk cache).
+cores; later processes reuse Inductor's on-disk cache). Each of the two graphs freezes its own packed copy
+of the weights, beside the module's plain ones that eager batches use (SmolLM2 float32: 1.1 -> 2.2 GB RSS).
 
 SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
 to the next captured size; prefill stays eager there. Its CUDA counterpart captures CUDA graphs, which
