@@ -3,12 +3,15 @@
 
 from __future__ import annotations
 
+import os
+import shutil
+
 import pytest
 import torch
-from transformers import AutoModelForCausalLM
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
 
 from minisgl.model_loader.default_model import default_model_path
-from minisgl.utils.hf_transformers_utils import get_tokenizer
+from minisgl.utils.hf_transformers_utils import get_config, get_tokenizer, gguf_metadata_dir
 from tests.gguf_writer import write_llama_gguf
 from tests.test_hf_equality import PROMPTS, make_runner, run_greedy
 
@@ -56,3 +59,42 @@ def test_smollm2_greedy_equals_transformers(smollm2):
         ref = hf.generate(torch.tensor([prompt]), max_new_tokens=16, min_new_tokens=16, do_sample=False)
         assert ours == ref[0, len(prompt) :].tolist()
     assert tokenizer.decode(tokens[0]).startswith(" Paris")
+
+
+def test_metadata_of_minisgl_fetched_gguf_is_parsed_once(wide_llama, tmp_path, monkeypatch):
+    """Config and tokenizer of a GGUF in minisgl's cache (here a copy of the default model) are saved after
+    the first parse and equal transformers' own parse; a GGUF elsewhere leaves nothing behind."""
+    source = default_model_path()
+    cache = tmp_path / "cache"
+    monkeypatch.setenv("MINISGL_CACHE", str(cache))
+    cache.mkdir()
+    gguf_file = cache / "model.gguf"
+    shutil.copyfile(source, gguf_file)
+    get_config(str(gguf_file)), get_tokenizer(str(gguf_file))
+    saved = gguf_metadata_dir(gguf_file)
+    assert (saved / "config" / "config.json").exists() and (saved / "tokenizer").is_dir()
+    assert sorted(p.name for p in saved.parent.iterdir()) == [saved.name]  # no temporary directory left
+
+    # Zeros with the same size and mtime: only the saved copy can answer now.
+    reference_config = AutoConfig.from_pretrained(cache, gguf_file=gguf_file.name).to_dict()
+    reference_tokenizer = AutoTokenizer.from_pretrained(cache, gguf_file=gguf_file.name)
+    stat = gguf_file.stat()
+    with open(gguf_file, "r+b") as f:
+        f.write(b"\0" * 4096)  # the header and the start of the metadata
+    os.utime(gguf_file, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    config, tokenizer = get_config(str(gguf_file)), get_tokenizer(str(gguf_file))
+    assert config.architectures == ["LlamaForCausalLM"]
+    drop = {"architectures", "_name_or_path"}
+    assert {k: v for k, v in config.to_dict().items() if k not in drop} == {
+        k: v for k, v in reference_config.items() if k not in drop
+    }
+    for text in SGLANG_PROMPTS + ["<|im_start|>user\n  tabs\tand\nnewlines<|im_end|>"]:
+        assert tokenizer(text).input_ids == reference_tokenizer(text).input_ids
+    assert tokenizer.get_vocab() == reference_tokenizer.get_vocab()
+    assert tokenizer.chat_template == reference_tokenizer.chat_template
+
+    outside = tmp_path / "outside.gguf"
+    write_llama_gguf(wide_llama, outside, "F32")
+    assert gguf_metadata_dir(outside) is None
+    get_config(str(outside))
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "outside.gguf"]
