@@ -1,8 +1,9 @@
 """TorchNativeAttnBackend's decode paths against a naive attention computed request by request in float64.
 
 Decode picks its path by dtype and head grouping (float32; 16-bit with grouped heads gathered head by head;
-16-bit with one query head per KV head upcast to float32), drops the mask when no sequence is padded, and
-attends in cache-sized blocks of requests: every combination must give the same attention.
+16-bit with one query head per KV head upcast to float32, or with ``--enable-torch-compile`` fused by
+Inductor), drops the mask when no sequence is padded, and attends in cache-sized blocks of requests: every
+combination must give the same attention.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ def naive_decode_attention(q, k_buffer, v_buffer, slots_per_request, group, scal
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize("seq_lens", [[5, 9, 1, 7], [6, 6, 6, 6]], ids=["ragged", "equal"])
 @pytest.mark.parametrize("block_bytes", [None, 1], ids=["whole-batch", "one-request-blocks"])
-def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_bytes, monkeypatch):
+@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch-compile"])
+def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_bytes, compiled, monkeypatch):
     if block_bytes is not None:
         monkeypatch.setattr(backend_module, "_CACHE_BLOCK_BYTES", block_bytes)
     gen = torch.Generator().manual_seed(0)
@@ -64,7 +66,11 @@ def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_
         token_to_kv_pool=pool,
         out_cache_loc=torch.tensor([slots[-1] for slots in slots_per_request]),
     )
-    backend = backend_module.TorchNativeAttnBackend()
+    backend = backend_module.TorchNativeAttnBackend(enable_torch_compile=compiled)
+    fused_calls = []
+    if compiled:
+        fused = backend._fused_decode
+        backend._fused_decode = lambda *args: fused_calls.append(1) or fused(*args)
     layer = RadixAttention(heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
     backend.init_forward_metadata(forward_batch)
     out = backend.forward_decode(q, k, v, layer, forward_batch)
@@ -73,5 +79,7 @@ def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_
         q, pool.k_buffer[0], pool.v_buffer[0], slots_per_request, heads // kv_heads, layer.scaling
     )
     assert out.dtype == dtype and out.shape == (batch, heads * HEAD_DIM)
+    # The fused kernel replaces exactly the upcast path: 16-bit K/V, one query head per KV head.
+    assert bool(fused_calls) == (compiled and dtype == torch.bfloat16 and heads == kv_heads)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
     torch.testing.assert_close(out.double().view(batch, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)

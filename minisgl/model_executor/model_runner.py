@@ -54,7 +54,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=device).manual_seed(server_args.random_seed)
         self.load_model()
         self.init_memory_pool()
-        self.attn_backend = TorchNativeAttnBackend()
+        self.attn_backend = TorchNativeAttnBackend(server_args.enable_torch_compile)
         self.graph_runner: CPUGraphRunner | None = CPUGraphRunner(self) if server_args.enable_torch_compile else None
 
     def load_model(self) -> None:
