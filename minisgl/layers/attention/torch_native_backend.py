@@ -4,7 +4,8 @@ Extend handles one request at a time, because each has its own prefix and length
 the cached prefix plus its own new tokens (causal). Decode is batched: each request's K/V are gathered up
 to the longest sequence (padding masked), the query heads sharing a KV head ride along as extra query
 rows, and one SDPA call serves the batch (on CPU, a block of requests small enough for its K/V to stay in
-cache).
+cache). With ``--enable-torch-compile``, 16-bit multi-head decode on CPU runs ``fused_decode_attention``
+instead, a kernel Inductor generates with the gathers fused in.
 
 SGLang's ``TorchNativeAttnBackend`` loops over requests in both modes; its Triton, FlashInfer and
 FlashAttention backends build ``kv_indptr``/``kv_indices`` (or page tables) from the same
