@@ -181,7 +181,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         head_major, upcast = on_cpu and half and group > 1, on_cpu and half and group == 1
         if upcast and self._fused_decode is not None:
             # Compiled, the gathers fuse into the kernel and the upcast pass disappears: dummy134 bf16 decode,
-            # batch 8: 27.5 -> 23.3 ms/step, batch 32: ~2x. (float32, and GQA in 16 bits, measured no faster.)
+            # batch 8: 27.5 -> 23.3 ms/step, batch 32: ~2x. (float32 measured no faster; 16-bit GQA not yet.)
             valid = None if meta.mask is None else meta.mask.view(batch, seq_len)
             out = self._fused_decode(queries, *buffers, meta.kv_indices, valid, layer.scaling)
             return out.reshape(batch, layer.tp_q_head_num * head_dim)
