@@ -44,7 +44,7 @@ def set_torch_compile_config() -> None:
     # Fused 16-bit elementwise chains round where eager rounds, so bfloat16 results stay as close to HF's.
     inductor_config.emulate_precision_casts = True
     # Each model instance and forward mode is its own compiled graph; several runners in one process (tests,
-    # tp ranks on threads) would exceed dynamo's default of 8 and silently fall back to eager.
+    # two dtypes of one model) would exceed dynamo's default of 8 and silently fall back to eager.
     dynamo_config.cache_size_limit = dynamo_config.accumulated_cache_size_limit = 1024
 
 
