@@ -1,4 +1,5 @@
-"""RMSNorm with SGLang's fused residual add: ``norm(x, residual)`` returns ``(normed, x + residual)``.
+"""RMSNorm with SGLang's fused residual add: ``norm(x, residual)`` returns ``(normed, x + residual)``, the sum
+written into ``residual`` in place (as SGLang's ``fused_add_rmsnorm`` does).
 
 Computed in float32 and cast back before the weight, exactly as HF transformers does, so float32 and
 bfloat16 results match HF. SGLang dispatches to fused CUDA/Triton/AMX kernels for the same math.
@@ -18,9 +19,12 @@ class RMSNorm(nn.Module):
         self.variance_epsilon = eps
 
     def forward(self, x: torch.Tensor, residual: torch.Tensor | None = None):
+        # The residual add and the weight multiply run in place, as SGLang's fused_add_rmsnorm updates its
+        # inputs: a fresh activation-sized tensor costs page faults at prefill (SmolLM2 float32 eager prefill,
+        # with SiluAndMul's in-place silu: 8x128 1.50-1.79 -> 1.25-1.45 s, 32x64 3.03-3.30 -> 2.80-2.84 s).
         if residual is not None:
-            x = x + residual
+            x = residual.add_(x)
             residual = x
         h = F.rms_norm(x.float(), x.shape[-1:], eps=self.variance_epsilon)
-        out = self.weight * h.to(x.dtype)
+        out = h.to(x.dtype).mul_(self.weight)  # h is fresh; weights share the activations' dtype
         return out if residual is None else (out, residual)
