@@ -1,0 +1,43 @@
+"""RMSNorm and SiluAndMul against transformers' own modules, including their in-place contract.
+
+RMSNorm(x, residual) must return HF's ``LlamaRMSNorm(x + residual)`` and leave the sum in ``residual`` (as SGLang's
+``fused_add_rmsnorm`` does); SiluAndMul must equal HF's ``silu(gate) * up``, bit for bit in both dtypes.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.activations import ACT2FN
+from transformers.models.llama.modeling_llama import LlamaRMSNorm
+
+from minisgl.layers.activation import SiluAndMul
+from minisgl.layers.layernorm import RMSNorm
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rmsnorm_matches_hf_and_updates_residual_in_place(dtype):
+    torch.manual_seed(0)
+    hidden = 96
+    ours, hf = RMSNorm(hidden, eps=1e-5).to(dtype), LlamaRMSNorm(hidden, eps=1e-5).to(dtype)
+    weight = torch.randn(hidden, dtype=dtype)
+    ours.weight.data.copy_(weight)
+    hf.weight.data.copy_(weight)
+    x, residual = torch.randn(7, hidden, dtype=dtype), torch.randn(7, hidden, dtype=dtype)
+
+    assert torch.equal(ours(x), hf(x))
+
+    expected_sum = x + residual
+    x_before = x.clone()
+    out, new_residual = ours(x, residual)
+    assert new_residual is residual and torch.equal(residual, expected_sum)
+    assert torch.equal(x, x_before)  # the layer output passed in is read, not written
+    assert torch.equal(out, hf(expected_sum))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_hf(dtype):
+    torch.manual_seed(0)
+    gate_up = torch.randn(5, 2 * 64, dtype=dtype)
+    gate, up = gate_up.clone().chunk(2, dim=-1)
+    assert torch.equal(SiluAndMul()(gate_up), ACT2FN["silu"](gate) * up)
