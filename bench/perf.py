@@ -188,7 +188,8 @@ def main() -> None:
                 print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
             del runs, hf
     # A shared machine's peaks drift: keep the best of the measurements before and after the engines ran.
-    peaks = {key: max(value, machine_peaks()[key]) for key, value in peaks.items()}
+    after = machine_peaks()
+    peaks = {key: max(value, after[key]) for key, value in peaks.items()}
     for row in rows:
         add_roofline_shares(row, peaks)
     print_table(rows, peaks)
