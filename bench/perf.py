@@ -42,19 +42,23 @@ DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ENGINES = {"minisgl": "eager", "compiled": "compiled", "hf": "HF"}  # engine -> its short name in the table
 
 
-def best_time(fn, reps: int) -> float:
+def run_times(fn, reps: int) -> list[float]:
     fn()
     times = []
     for _ in range(reps):
         tic = time.perf_counter()
         fn()
         times.append(time.perf_counter() - tic)
-    return min(times)
+    return times
+
+
+def best_time(fn, reps: int) -> float:
+    return min(run_times(fn, reps))
 
 
 def machine_peaks(reps: int = 5) -> dict:
-    """The fastest of ``reps`` runs and of several kernels (MKL's and the oneDNN one minisgl's linears use): a
-    peak is what the machine can reach, so a median or a slower kernel would let measured shares pass 100%."""
+    """Matmul peaks: the fastest run of the faster kernel (MKL's matmul, or the oneDNN one minisgl's linears
+    use); a peak is what the machine can reach, so a median or a slower kernel would let shares pass 100%."""
     peaks = {}
     for name, dtype in DTYPES.items():
         a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
@@ -62,14 +66,30 @@ def machine_peaks(reps: int = 5) -> dict:
         plain, onednn = (lambda a=a, b=b: a @ b), (lambda a=a, w=packed: apply_linear(a, w))
         seconds = min(best_time(plain, reps), best_time(onednn, reps))
         peaks[f"matmul_{name}_flops"] = 2 * 2048**3 / seconds
-    # Read bandwidth: 1 GiB, far past any cache, read by three kernels; which one streams fastest depends on the
-    # CPU (here MKL's sgemv reads ~20 GB/s, oneDNN's packed GEMV at decode's four rows ~26, a plain sum ~33).
-    matrix, vector, rows = torch.randn(16384, 16384), torch.randn(16384), torch.randn(4, 16384)
-    packed = prepack_weight(matrix)
-    readers = (lambda: torch.mv(matrix, vector), lambda: apply_linear(rows, packed), matrix.sum)
-    seconds = min(best_time(read, reps) for read in readers)
-    peaks["read_bandwidth_bytes"] = matrix.numel() * 4 / seconds
     return peaks
+
+
+class ReadBandwidthProbe:
+    """Memory read bandwidth, sampled before, between and after the benchmark rows; the run uses the median.
+
+    Each sample reads a 1 GiB matrix with three kernels and keeps the fastest kernel's median pass: which kernel
+    streams fastest depends on the CPU (here MKL's sgemv ~19 GB/s, oneDNN's packed GEMV at decode's four rows
+    ~21-34, a plain sum ~24-46). This shared VM's bandwidth drifts between phases of seconds to minutes, so one
+    sample taken in a fast phase would set a floor that the decode steps, run in other phases, never had.
+    """
+
+    def __init__(self, reps: int = 3):
+        self.reps, self.samples = reps, []
+        self.matrix, vector, rows = torch.randn(16384, 16384), torch.randn(16384), torch.randn(4, 16384)
+        packed = prepack_weight(self.matrix)
+        self.readers = (lambda: torch.mv(self.matrix, vector), lambda: apply_linear(rows, packed), self.matrix.sum)
+
+    def sample(self) -> None:
+        seconds = min(statistics.median(run_times(read, self.reps)) for read in self.readers)
+        self.samples.append(self.matrix.numel() * 4 / seconds)
+
+    def bandwidth(self) -> float:
+        return statistics.median(self.samples)
 
 
 def model_dirs() -> dict:
@@ -152,7 +172,8 @@ def main() -> None:
     parser.add_argument("--output", default="bench/results.json")
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
-    peaks = machine_peaks()
+    peaks, probe = machine_peaks(), ReadBandwidthProbe()
+    probe.sample()
     models = model_dirs()
     rows = []
     for model_name in args.models:
@@ -186,10 +207,13 @@ def main() -> None:
                 rows.append(row)
                 speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
                 print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
+                probe.sample()
             del runs, hf
-    # A shared machine's peaks drift: keep the best of the measurements before and after the engines ran.
+    # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
     after = machine_peaks()
     peaks = {key: max(value, after[key]) for key, value in peaks.items()}
+    probe.sample()
+    peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = probe.bandwidth(), probe.samples
     for row in rows:
         add_roofline_shares(row, peaks)
     print_table(rows, peaks)

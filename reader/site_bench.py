@@ -111,6 +111,12 @@ def chart_svg(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def _bandwidth(peaks: dict) -> str:
+    samples = peaks["read_bandwidth_samples"]
+    return (f"{peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s "
+            f"(samples {min(samples) / 1e9:.1f}-{max(samples) / 1e9:.1f} GB/s)")  # fmt: skip
+
+
 def bench_pages() -> dict[str, str]:
     """``reference/bench.md`` (and its chart when results exist)."""
     out = [HEADER, "# Benchmark results {#bench}\n\n"]
@@ -126,12 +132,13 @@ def bench_pages() -> dict[str, str]:
         "repetitions, min and max in brackets. A speedup above 1 means minisgl is faster. Prefill is shown as a "
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time.\n\n"
-        "Machine peaks (the fastest of several repetitions before and after the run, and of several kernels: "
-        "MKL's matmul and oneDNN's prepacked linear for the matmul peaks; `torch.mv`, oneDNN's prepacked linear at "
-        "four rows and a plain sum over 1 GiB for the read bandwidth): float32 matmul "
-        f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 matmul "
-        f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s, read bandwidth "
-        f"{peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s.\n\n"
+        "Machine peaks: the matmul peaks are the fastest repetition of MKL's matmul or oneDNN's prepacked "
+        "linear, the better of a measurement before and after the run: float32 "
+        f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 "
+        f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s. The read bandwidth is the median of samples taken "
+        "before, between the rows and after (this VM's bandwidth drifts in phases), each the fastest of three "
+        "readers of a 1 GiB matrix (`torch.mv`, oneDNN's prepacked linear at four rows, a plain sum): "
+        f"{_bandwidth(peaks)}.\n\n"
         "![minisgl / HF speedups](bench-chart.svg)\n\nHatched bars: slower than HF.\n\n"
     )
     out.append("The performance targets (issue #5), each against its worst row:\n\n")
