@@ -80,13 +80,14 @@ class ReadBandwidthProbe:
 
     def __init__(self, reps: int = 3):
         self.reps, self.samples = reps, []
-        self.matrix, vector, rows = torch.randn(16384, 16384), torch.randn(16384), torch.randn(4, 16384)
-        packed = prepack_weight(self.matrix)
-        self.readers = (lambda: torch.mv(self.matrix, vector), lambda: apply_linear(rows, packed), self.matrix.sum)
 
     def sample(self) -> None:
-        seconds = min(statistics.median(run_times(read, self.reps)) for read in self.readers)
-        self.samples.append(self.matrix.numel() * 4 / seconds)
+        # Allocated per sample, so that the engines do not run beside 2 GiB they never use.
+        matrix, vector, rows = torch.randn(16384, 16384), torch.randn(16384), torch.randn(4, 16384)
+        packed = prepack_weight(matrix)
+        readers = (lambda: torch.mv(matrix, vector), lambda: apply_linear(rows, packed), matrix.sum)
+        seconds = min(statistics.median(run_times(read, self.reps)) for read in readers)
+        self.samples.append(matrix.numel() * 4 / seconds)
 
     def bandwidth(self) -> float:
         return statistics.median(self.samples)
