@@ -69,28 +69,19 @@ def machine_peaks(reps: int = 5) -> dict:
     return peaks
 
 
-class ReadBandwidthProbe:
-    """Memory read bandwidth, sampled before, between and after the benchmark rows; the run uses the median.
+def read_bandwidth(reps: int = 3) -> float:
+    """Memory read bandwidth now: a 1 GiB matrix read by three kernels, the fastest kernel's median pass.
 
-    Each sample reads a 1 GiB matrix with three kernels and keeps the fastest kernel's median pass: which kernel
-    streams fastest depends on the CPU (here MKL's sgemv ~19 GB/s, oneDNN's packed GEMV at decode's four rows
-    ~21-34, a plain sum ~24-46). This shared VM's bandwidth drifts between phases of seconds to minutes, so one
-    sample taken in a fast phase would set a floor that the decode steps, run in other phases, never had.
+    Which kernel streams fastest depends on the CPU (here MKL's sgemv ~19 GB/s, oneDNN's packed GEMV at decode's
+    four rows ~21-34, a plain sum ~24-46). This shared VM's bandwidth drifts between phases of seconds to
+    minutes, so ``main`` samples it before, between and after the rows and uses the median: one sample taken in
+    a fast phase would set a floor that the decode steps, run in other phases, never had. Allocated per call, so
+    that the engines do not run beside 2 GiB they never use.
     """
-
-    def __init__(self, reps: int = 3):
-        self.reps, self.samples = reps, []
-
-    def sample(self) -> None:
-        # Allocated per sample, so that the engines do not run beside 2 GiB they never use.
-        matrix, vector, rows = torch.randn(16384, 16384), torch.randn(16384), torch.randn(4, 16384)
-        packed = prepack_weight(matrix)
-        readers = (lambda: torch.mv(matrix, vector), lambda: apply_linear(rows, packed), matrix.sum)
-        seconds = min(statistics.median(run_times(read, self.reps)) for read in readers)
-        self.samples.append(matrix.numel() * 4 / seconds)
-
-    def bandwidth(self) -> float:
-        return statistics.median(self.samples)
+    matrix, vector, rows = torch.randn(16384, 16384), torch.randn(16384), torch.randn(4, 16384)
+    packed = prepack_weight(matrix)
+    readers = (lambda: torch.mv(matrix, vector), lambda: apply_linear(rows, packed), matrix.sum)
+    return matrix.numel() * 4 / min(statistics.median(run_times(read, reps)) for read in readers)
 
 
 def model_dirs() -> dict:
@@ -173,8 +164,7 @@ def main() -> None:
     parser.add_argument("--output", default="bench/results.json")
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
-    peaks, probe = machine_peaks(), ReadBandwidthProbe()
-    probe.sample()
+    peaks, bandwidths = machine_peaks(), [read_bandwidth()]
     models = model_dirs()
     rows = []
     for model_name in args.models:
@@ -208,13 +198,13 @@ def main() -> None:
                 rows.append(row)
                 speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
                 print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
-                probe.sample()
+                bandwidths.append(read_bandwidth())
             del runs, hf
     # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
     after = machine_peaks()
     peaks = {key: max(value, after[key]) for key, value in peaks.items()}
-    probe.sample()
-    peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = probe.bandwidth(), probe.samples
+    bandwidths.append(read_bandwidth())
+    peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = statistics.median(bandwidths), bandwidths
     for row in rows:
         add_roofline_shares(row, peaks)
     print_table(rows, peaks)
