@@ -33,7 +33,7 @@ from rich.table import Table  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
 from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
-from minisgl.layers.linear import apply_linear, prepack_weight  # noqa: E402
+from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear, apply_linear, prepack_weight  # noqa: E402
 from minisgl.model_loader.default_model import default_model_path  # noqa: E402
 from minisgl.server_args import ServerArgs  # noqa: E402
 
@@ -82,6 +82,31 @@ def read_bandwidth(reps: int = 3) -> float:
     packed = prepack_weight(matrix)
     readers = (lambda: torch.mv(matrix, vector), lambda: apply_linear(rows, packed), matrix.sum)
     return matrix.numel() * 4 / min(statistics.median(run_times(read, reps)) for read in readers)
+
+
+def decode_linear_weights(model) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of every linear layer of a loaded minisgl model and of its LM head, as its kernels read them."""
+    layers = [(m.weight, m.bias) for m in model.modules() if isinstance(m, (ReplicatedLinear, RowParallelLinear))]
+    head = model.lm_head.packed_weight if model.lm_head.packed_weight is not None else model.lm_head.weight
+    return [*layers, (head, None)]
+
+
+def decode_linears_time(model_runner, batch: int) -> float:
+    """One decode step's weight reads alone: ``decode_linear_weights`` of the eager engine's model, with its own
+    prepacked weights through ``apply_linear``, on ``batch`` rows (the fastest of three passes).
+
+    Set beside the step time, it splits a decode step into what the GEMV kernels need to stream the weights and
+    everything else (attention, norms, RoPE, framework time); set beside the floor, it shows how fast those
+    kernels read memory.
+    """
+    layers = decode_linear_weights(model_runner.model)
+    inputs = [torch.randn(batch, weight.shape[1], dtype=weight.dtype) for weight, _ in layers]
+
+    def step():
+        for (weight, bias), x in zip(layers, inputs):
+            apply_linear(x, weight, bias)
+
+    return best_time(step, 3)
 
 
 def model_dirs() -> dict:
@@ -174,7 +199,7 @@ def main() -> None:
             server_args = ServerArgs(model_path=path, dtype=dtype_name, max_total_tokens=max_tokens)
             hf = hf_loader(DTYPES[dtype_name]).eval()
             vocab = hf.config.vocab_size
-            runs = {}
+            runs, model_runner = {}, None
             for engine in args.engines:
                 if engine == "hf":
                     runs[engine] = partial(run_hf, hf)
@@ -182,24 +207,30 @@ def main() -> None:
                 with contextlib.redirect_stdout(io.StringIO()):
                     runner, _ = load_model(replace(server_args, enable_torch_compile=engine == "compiled"), 0)
                 runs[engine] = partial(run_minisgl, runner)
+                if engine == "minisgl":  # compiled, the weights stay plain for Inductor to pack
+                    model_runner = runner.torch_runner
             for b, i, o in workloads:
                 for run in runs.values():
                     run(b, i, min(o, 4), vocab)  # warm-up (and compile), as the bench does
-                samples = {engine: [] for engine in runs}
+                samples, linears = {engine: [] for engine in runs}, []
                 for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
                     for engine, run in runs.items():
                         samples[engine].append(run(b, i, o, vocab))
+                    if model_runner is not None:
+                        linears.append(decode_linears_time(model_runner, b))
                 row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
                 for engine, values in samples.items():
                     row[f"{engine}_prefill_s"] = summarize([v[0] for v in values])
                     row[f"{engine}_decode_s"] = summarize([v[1] for v in values])
+                if linears:
+                    row["decode_linears_s"] = summarize(linears)
                 row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(hf, b, i), decode_bytes(hf)
                 add_speedups(row)
                 rows.append(row)
                 speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
                 print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
                 bandwidths.append(read_bandwidth())
-            del runs, hf
+            del runs, hf, model_runner
     # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
     after = machine_peaks()
     peaks = {key: max(value, after[key]) for key, value in peaks.items()}
@@ -228,6 +259,8 @@ def add_roofline_shares(row: dict, peaks: dict) -> None:
         prefill_rate = row["prefill_flops"] / row[f"{engine}_prefill_s"]["median"]
         row[f"{engine}_prefill_peak_share"] = prefill_rate / peaks[f"matmul_{row['dtype']}_flops"]
         row[f"{engine}_decode_floor_share"] = floor / row[f"{engine}_decode_s"]["median"]
+    if "decode_linears_s" in row:
+        row["decode_linears_read_rate"] = row["decode_bytes"] / row["decode_linears_s"]["median"]
 
 
 def print_table(rows, peaks) -> None:
@@ -241,6 +274,8 @@ def print_table(rows, peaks) -> None:
     for phase, share in (("prefill", "% peak"), ("decode", "% floor")):
         columns += [f"{phase} ms {ENGINES[e]}" + (" [min-max]" if e != "hf" else "") for e in engines]
         columns += [f"{share} {ENGINES[e]}" for e in engines]
+    linears = bool(rows) and "decode_linears_s" in rows[0]
+    columns += ["decode linears ms (GB/s)"] * linears
     columns += [key.replace("_speedup", " x").replace("_", " ") for key in speedups]
     for col in columns:
         table.add_column(col, justify="right")
@@ -252,6 +287,8 @@ def print_table(rows, peaks) -> None:
                 span = f" [{t['min'] * 1e3:.1f}-{t['max'] * 1e3:.1f}]" if e != "hf" else ""
                 cells.append(f"{t['median'] * 1e3:.1f}{span}")
             cells += [f"{r[f'{e}_{share}']:.0%}" for e in engines]
+        if linears:
+            cells.append(f"{r['decode_linears_s']['median'] * 1e3:.1f} ({r['decode_linears_read_rate'] / 1e9:.1f})")
         cells += [f"{r[key]:.2f}" for key in speedups]
         table.add_row(*cells)
     Console(width=300).print(table)

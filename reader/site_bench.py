@@ -79,6 +79,28 @@ def _targets(rows: list[dict]) -> list[str]:
     return out
 
 
+def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
+    """Each row's decode step split into the weight reads alone (``decode_linears_s``) and everything else."""
+    engines = [e for e in _engines(rows) if e != "hf"]
+    head = ("| model | dtype | batch, input, output | floor ms | linears alone ms | their read rate "
+            + "".join(f"| {ENGINES[e][0]} step ms (rest) " for e in engines)
+            + "|\n|" + "---|" * (6 + len(engines)) + "\n")  # fmt: skip
+    out = [head]
+    for r in rows:
+        linears = r["decode_linears_s"]["median"]
+        rate = r["decode_linears_read_rate"]
+        cells = [
+            r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}",
+            f"{r['decode_bytes'] / peaks['read_bandwidth_bytes'] * 1e3:.1f}", f"{linears * 1e3:.1f}",
+            f"{rate / 1e9:.1f} GB/s ({rate / peaks['read_bandwidth_bytes']:.0%})",
+        ]  # fmt: skip
+        for e in engines:
+            step = r[f"{e}_decode_s"]["median"]
+            cells.append(f"{step * 1e3:.1f} ({(step - linears) * 1e3:.1f})")
+        out.append("| " + " | ".join(cells) + " |\n")
+    return out
+
+
 def chart_svg(rows: list[dict]) -> str:
     import matplotlib
 
@@ -146,5 +168,17 @@ def bench_pages() -> dict[str, str]:
     for engine in _engines(rows):
         out.append(f"\n## {ENGINES[engine][0]}\n\n")
         out += _table(rows, engine)
+    if "decode_linears_s" in rows[0]:
+        out.append(
+            "\n## Where a decode step goes\n\n"
+            "The floor is the time to read the step's weights at the measured bandwidth. *Linears alone* runs "
+            "every linear layer and the LM head of the loaded model, with minisgl's own prepacked weights and "
+            "kernels, on the batch's rows, timed between the repetitions (the fastest of three passes): it is what "
+            "oneDNN's kernels need to stream the weights, and its read rate is how close those kernels come to the "
+            "measured bandwidth. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
+            "kernel), norms, RoPE, sampling and framework time. A step can only reach the floor if both gaps "
+            "close: the kernels' read rate and the rest.\n\n"
+        )
+        out += _decode_breakdown(rows, peaks)
     out.append(f"\nReproduce:\n\n```bash\n{COMMAND}\n```\n")
     return {"reference/bench.md": "".join(out), "reference/bench-chart.svg": chart_svg(rows)}

@@ -182,3 +182,16 @@ def test_bench_targets_report_the_worst_row_of_each():
     assert "| b float32 8,128,32 | 76% | yes |" in lines["prefill, float32: share of the matmul peak", "minisgl"]
     assert "| a bfloat16 8,128,32 | 55% | yes |" in lines["prefill, bfloat16: share of the matmul peak", "minisgl"]
     assert "| b float32 8,128,32 | 0.90x | no |" in lines["every row: decode speedup over HF", "minisgl"]
+
+
+def test_bench_decode_breakdown_splits_each_step_at_the_linears():
+    from reader.site_bench import _decode_breakdown
+
+    row = {"model": "m", "dtype": "float32", "batch": 1, "input": 128, "output": 32, "minisgl_prefill_s": {},
+           "compiled_prefill_s": {}, "decode_bytes": 400e6, "decode_linears_s": {"median": 0.020},
+           "decode_linears_read_rate": 400e6 / 0.020, "minisgl_decode_s": {"median": 0.030},
+           "compiled_decode_s": {"median": 0.025}}  # fmt: skip
+    lines = _decode_breakdown([row], {"read_bandwidth_bytes": 40e9})
+    assert "minisgl step ms (rest)" in lines[0] and "minisgl --enable-torch-compile step ms (rest)" in lines[0]
+    # floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half the bandwidth; rest = step - 20 ms
+    assert lines[1] == "| m | float32 | 1, 128, 32 | 10.0 | 20.0 | 20.0 GB/s (50%) | 30.0 (10.0) | 25.0 (5.0) |\n"

@@ -1,0 +1,41 @@
+"""bench/perf.py's decode breakdown: the linears it times read exactly the weight bytes the bandwidth floor counts."""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import io
+import math
+
+import pytest
+import torch
+from transformers import AutoModelForCausalLM
+
+from minisgl.bench_one_batch import load_model
+from minisgl.server_args import ServerArgs
+from reader.views import REPO_ROOT
+
+
+@pytest.fixture(scope="module")
+def perf():
+    spec = importlib.util.spec_from_file_location("bench_perf", REPO_ROOT / "bench" / "perf.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # untied and tied LM head
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_linears_read_the_floor_bytes(perf, model, dtype, request):
+    path = request.getfixturevalue(model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        runner, _ = load_model(ServerArgs(model_path=path, dtype=dtype, max_total_tokens=256), 0)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
+    norms = sum(p.numel() * p.element_size() for n, p in hf.named_parameters() if "norm" in n)
+    layers = perf.decode_linear_weights(runner.torch_runner.model)
+    read = sum(
+        math.prod(t.shape) * t.dtype.itemsize for weight, bias in layers for t in (weight, bias) if t is not None
+    )
+    assert read == perf.decode_bytes(hf) - norms
+    assert all(weight.is_mkldnn for weight, _ in layers)  # the eager engine's own prepacked weights
+    assert perf.decode_linears_time(runner.torch_runner, 2) > 0
