@@ -21,6 +21,7 @@ def _ms(stat: dict) -> str:
 
 
 # engine -> (label, prefix of its speedup keys); older results have no compiled engine.
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ENGINES = {"minisgl": ("minisgl", ""), "compiled": ("minisgl --enable-torch-compile", "compiled_")}
 
 
@@ -82,17 +83,21 @@ def _targets(rows: list[dict]) -> list[str]:
 def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
     """Each row's decode step split into the weight reads alone (``decode_linears_s``) and everything else."""
     engines = [e for e in _engines(rows) if e != "hf"]
-    head = ("| model | dtype | batch, input, output | floor ms | linears alone ms | their read rate "
+    head = ("| model | dtype | batch, input, output | floor ms | linears alone ms | their read rate | their FLOP rate "
             + "".join(f"| {ENGINES[e][0]} step ms (rest) " for e in engines)
-            + "|\n|" + "---|" * (6 + len(engines)) + "\n")  # fmt: skip
+            + "|\n|" + "---|" * (7 + len(engines)) + "\n")  # fmt: skip
     out = [head]
     for r in rows:
         linears = r["decode_linears_s"]["median"]
         rate = r["decode_linears_read_rate"]
+        # each weight element is read once and used in one multiply-add per row of the batch
+        flops = 2 * r["batch"] * r["decode_bytes"] / DTYPE_BYTES[r["dtype"]] / linears
+        peak = peaks[f"matmul_{r['dtype']}_flops"]
         cells = [
             r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}",
             f"{r['decode_bytes'] / peaks['read_bandwidth_bytes'] * 1e3:.1f}", f"{linears * 1e3:.1f}",
             f"{rate / 1e9:.1f} GB/s ({rate / peaks['read_bandwidth_bytes']:.0%})",
+            f"{flops / 1e9:.0f} GFLOP/s ({flops / peak:.0%})",
         ]  # fmt: skip
         for e in engines:
             step = r[f"{e}_decode_s"]["median"]
@@ -175,9 +180,11 @@ def bench_pages() -> dict[str, str]:
             "every linear layer and the LM head of the loaded model, with minisgl's own prepacked weights and "
             "kernels, on the batch's rows, timed between the repetitions (the fastest of three passes): it is what "
             "oneDNN's kernels need to stream the weights, and its read rate is how close those kernels come to the "
-            "measured bandwidth. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
-            "kernel), norms, RoPE, sampling and framework time. A step can only reach the floor if both gaps "
-            "close: the kernels' read rate and the rest.\n\n"
+            "measured bandwidth; their FLOP rate, against the matmul peak, shows where a larger batch makes them bound by "
+            "compute instead (batch 32). *Rest* is the step minus that time: attention (K/V writes, gathers and the "
+            "kernel), norms, RoPE, sampling and framework time; for the compiled engine, whose linears are "
+            "Inductor's own packing of the same oneDNN kernels, it is approximate. A step can only reach the floor "
+            "if both gaps close: the kernels' read rate and the rest.\n\n"
         )
         out += _decode_breakdown(rows, peaks)
     out.append(f"\nReproduce:\n\n```bash\n{COMMAND}\n```\n")
