@@ -154,14 +154,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         gathered = []
         for name, buffer in zip("kv", buffers):
             kv_heads, head_dim = buffer.shape[1:]
-            if head_major:
-                rows = self._gather(name, buffer.view(-1, head_dim), index)
-                gathered.append(rows.view(requests, kv_heads, seq_len, head_dim))
-                continue
-            rows = self._gather(name, buffer, index)
+            rows = self._gather(name, buffer.view(-1, head_dim) if head_major else buffer, index)
             if upcast:
                 rows = self._workspace(name + "32", rows.shape, torch.float32).copy_(rows)
-            gathered.append(rows.view(requests, seq_len, kv_heads, head_dim).transpose(1, 2))
+            if head_major:
+                gathered.append(rows.view(requests, kv_heads, seq_len, head_dim))
+            else:
+                gathered.append(rows.view(requests, seq_len, kv_heads, head_dim).transpose(1, 2))
         return gathered
 
     def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch) -> torch.Tensor:
@@ -175,10 +174,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         group = layer.tp_q_head_num // kv_heads
         queries = q.view(batch, kv_heads, group, head_dim)
         on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32
-        # CPU SDPA's 16-bit kernel is fast for several query rows on contiguous [seq, head_dim] blocks (so
-        # grouped heads are gathered head by head: SmolLM2 bf16 batch 32, 133 -> 100 ms/step) and slow for one
-        # query row, where float32 is faster, copy included.
-        head_major, upcast = on_cpu and half and group > 1, on_cpu and half and group == 1
+        # 16-bit K/V are gathered head by head on CPU. CPU SDPA's 16-bit kernel is fast for several query rows on
+        # contiguous [seq, head_dim] blocks (grouped heads; SmolLM2 bf16 batch 32: 133 -> 100 ms/step) and slow
+        # for one query row, where float32 is faster, upcast copy included. Head-major, the gather, the upcast and
+        # SDPA all split their work by head across threads, so each core reads back the rows it wrote: gathered
+        # token by token, dummy134 bf16 batch 32 swung between ~100 and ~200 ms/step from run to run (one
+        # process, six backend instances), head by head it holds at ~115-135.
+        head_major, upcast = on_cpu and half, on_cpu and half and group == 1
         if on_cpu and half and self._fused_decode is not None:
             # Compiled, the gathers fuse into the kernel and the upcast pass disappears: dummy134 bf16 decode,
             # batch 8: 27.5 -> 23.3 ms/step, batch 32: ~2x; SmolLM2 (GQA) bf16 batch 32: ~18%, batch 8: equal.
