@@ -95,7 +95,7 @@ def decode_linears_time(model_runner, batch: int) -> float:
     """One decode step's weight reads alone: ``decode_linear_weights`` of the eager engine's model, with its own
     prepacked weights through ``apply_linear``, on ``batch`` rows (the fastest of three passes).
 
-    Set beside the step time, it splits a decode step into what the GEMV kernels need to stream the weights and
+    Set beside the step time, it splits a decode step into what the linear kernels need to stream the weights and
     everything else (attention, norms, RoPE, framework time); set beside the floor, it shows how fast those
     kernels read memory.
     """

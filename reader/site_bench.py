@@ -20,8 +20,8 @@ def _ms(stat: dict) -> str:
     return f"{stat['median'] * 1e3:.1f} [{stat['min'] * 1e3:.1f}-{stat['max'] * 1e3:.1f}]"
 
 
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # bytes per weight element, to count the linears' FLOPs
 # engine -> (label, prefix of its speedup keys); older results have no compiled engine.
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}
 ENGINES = {"minisgl": ("minisgl", ""), "compiled": ("minisgl --enable-torch-compile", "compiled_")}
 
 
@@ -180,8 +180,9 @@ def bench_pages() -> dict[str, str]:
             "every linear layer and the LM head of the loaded model, with minisgl's own prepacked weights and "
             "kernels, on the batch's rows, timed between the repetitions (the fastest of three passes): it is what "
             "oneDNN's kernels need to stream the weights, and its read rate is how close those kernels come to the "
-            "measured bandwidth; their FLOP rate, against the matmul peak, shows where a larger batch makes them bound by "
-            "compute instead (batch 32). *Rest* is the step minus that time: attention (K/V writes, gathers and the "
+            "measured bandwidth; their FLOP rate (the batch's rows only: below four rows the kernel "
+            "runs four, padded), against the matmul peak, shows when a larger batch makes them bound by compute "
+            "instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
             "kernel), norms, RoPE, sampling and framework time; for the compiled engine, whose linears are "
             "Inductor's own packing of the same oneDNN kernels, it is approximate. A step can only reach the floor "
             "if both gaps close: the kernels' read rate and the rest.\n\n"

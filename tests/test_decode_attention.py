@@ -1,8 +1,7 @@
 """TorchNativeAttnBackend's decode paths against a naive attention computed request by request in float64.
 
-Decode picks its path by dtype and head grouping (float32; 16-bit with grouped heads gathered head by head;
-16-bit with one query head per KV head upcast to float32, or with ``--enable-torch-compile`` fused by
-Inductor), drops the mask when no sequence is padded, and attends in cache-sized blocks of requests: every
+Decode picks its path by dtype and head grouping (float32; 16-bit gathered head by head, and upcast to
+float32 when each KV head has one query head; or with ``--enable-torch-compile`` 16-bit fused by Inductor), drops the mask when no sequence is padded, and attends in cache-sized blocks of requests: every
 combination must give the same attention.
 """
 

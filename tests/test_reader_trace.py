@@ -126,7 +126,7 @@ def test_static_chain_edges_execute(tiny_llama):
             reqs.append(req)
         return reqs
 
-    # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit grouped heads.
+    # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit K/V.
     runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
     executed: set[tuple[str, str]] = set()
 

@@ -179,8 +179,9 @@ class TorchNativeAttnBackend(AttentionBackend):
         # for one query row, where float32 is faster, upcast copy included. Head-major, the gather, the upcast and
         # SDPA all split their work by head across threads, so each core reads back the rows it wrote: gathered
         # token by token, dummy134 bf16 batch 32 swung between ~100 and ~200 ms/step from run to run (one
-        # process, six backend instances), head by head it holds at ~115-135.
-        head_major, upcast = on_cpu and half, on_cpu and half and group == 1
+        # process, six backend instances x three runs: 99-216), head by head it holds at 113-170, mostly ~117.
+        head_major = on_cpu and half
+        upcast = head_major and group == 1
         if on_cpu and half and self._fused_decode is not None:
             # Compiled, the gathers fuse into the kernel and the upcast pass disappears: dummy134 bf16 decode,
             # batch 8: 27.5 -> 23.3 ms/step, batch 32: ~2x; SmolLM2 (GQA) bf16 batch 32: ~18%, batch 8: equal.
