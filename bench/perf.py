@@ -260,7 +260,11 @@ def add_roofline_shares(row: dict, peaks: dict) -> None:
         row[f"{engine}_prefill_peak_share"] = prefill_rate / peaks[f"matmul_{row['dtype']}_flops"]
         row[f"{engine}_decode_floor_share"] = floor / row[f"{engine}_decode_s"]["median"]
     if "decode_linears_s" in row:
-        row["decode_linears_read_rate"] = row["decode_bytes"] / row["decode_linears_s"]["median"]
+        seconds = row["decode_linears_s"]["median"]
+        row["decode_linears_read_rate"] = row["decode_bytes"] / seconds
+        # each weight element is read once and used in one multiply-add per row of the batch
+        weights = row["decode_bytes"] / DTYPES[row["dtype"]].itemsize
+        row["decode_linears_flop_rate"] = 2 * row["batch"] * weights / seconds
 
 
 def print_table(rows, peaks) -> None:

@@ -20,7 +20,6 @@ def _ms(stat: dict) -> str:
     return f"{stat['median'] * 1e3:.1f} [{stat['min'] * 1e3:.1f}-{stat['max'] * 1e3:.1f}]"
 
 
-DTYPE_BYTES = {"float32": 4, "bfloat16": 2}  # bytes per weight element, to count the linears' FLOPs
 # engine -> (label, prefix of its speedup keys); older results have no compiled engine.
 ENGINES = {"minisgl": ("minisgl", ""), "compiled": ("minisgl --enable-torch-compile", "compiled_")}
 
@@ -89,9 +88,7 @@ def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
     out = [head]
     for r in rows:
         linears = r["decode_linears_s"]["median"]
-        rate = r["decode_linears_read_rate"]
-        # each weight element is read once and used in one multiply-add per row of the batch
-        flops = 2 * r["batch"] * r["decode_bytes"] / DTYPE_BYTES[r["dtype"]] / linears
+        rate, flops = r["decode_linears_read_rate"], r["decode_linears_flop_rate"]
         peak = peaks[f"matmul_{r['dtype']}_flops"]
         cells = [
             r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}",

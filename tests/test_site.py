@@ -189,7 +189,8 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
 
     row = {"model": "m", "dtype": "float32", "batch": 1, "input": 128, "output": 32, "minisgl_prefill_s": {},
            "compiled_prefill_s": {}, "decode_bytes": 400e6, "decode_linears_s": {"median": 0.020},
-           "decode_linears_read_rate": 400e6 / 0.020, "minisgl_decode_s": {"median": 0.030},
+           "decode_linears_read_rate": 400e6 / 0.020,
+           "decode_linears_flop_rate": 2 * 1 * 100e6 / 0.020, "minisgl_decode_s": {"median": 0.030},
            "compiled_decode_s": {"median": 0.025}}  # fmt: skip
     lines = _decode_breakdown([row], {"read_bandwidth_bytes": 40e9, "matmul_float32_flops": 100e9})
     assert "minisgl step ms (rest)" in lines[0] and "minisgl --enable-torch-compile step ms (rest)" in lines[0]
