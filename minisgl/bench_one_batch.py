@@ -79,7 +79,7 @@ def load_model(server_args: ServerArgs, tp_rank: int, dist_init_method: str | No
     model_runner = ModelRunner(model_config, server_args, device, tp_rank, dist_init_method)
     rank_print(f"max_total_num_tokens={model_runner.max_total_num_tokens}")
     if server_args.enable_torch_compile:
-        rank_print("torch.compile is on: the first extend and the first decode compile (about a minute on 2 cores)")
+        rank_print("torch.compile is on: the first extend and the first decode compile (about two minutes on 2 cores)")
     tokenizer = get_tokenizer(server_args.tokenizer_path or server_args.model_path)
     return _TorchBenchRunner(model_runner), tokenizer
 

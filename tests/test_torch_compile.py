@@ -9,20 +9,29 @@ from __future__ import annotations
 import pytest
 import torch
 
+from minisgl.bench_one_batch import decode, extend
+from minisgl.layers.linear import MIN_PACKED_ROWS
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
-from tests.test_hf_equality import PROMPTS, STEPS, hf_model, make_runner, run_greedy
+from tests.test_hf_equality import PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
 
 
 def compiled_runner(model_path, **kwargs):
+    """A compiled runner, and counts of its compiled extends and decodes; ``small_decode`` counts the decodes
+    that ran the graph tuned for padded small batches."""
     runner = make_runner(model_path, enable_torch_compile=True, **kwargs)
-    calls = {"extend": 0, "decode": 0}
-    execute = runner.graph_runner.execute
+    calls = {"extend": 0, "decode": 0, "small_decode": 0}
+    graph_runner = runner.graph_runner
+    execute, small_decode = graph_runner.execute, graph_runner.compiled_small_decode
 
     def counted(forward_batch):
         calls["extend" if forward_batch.forward_mode.is_extend() else "decode"] += 1
         return execute(forward_batch)
 
-    runner.graph_runner.execute = counted
+    def counted_small_decode(*args):
+        calls["small_decode"] += 1
+        return small_decode(*args)
+
+    graph_runner.execute, graph_runner.compiled_small_decode = counted, counted_small_decode
     return runner, calls
 
 
@@ -39,13 +48,16 @@ def compiled(request):
 
 @pytest.mark.parametrize("prompts", [PROMPTS, PROMPTS[:1], PROMPTS * 2], ids=["batch3", "batch1", "batch6"])
 def test_compiled_matches_hf(compiled, prompts):
-    """Batches of 1 and 3 run padded to 4 rows in decode, 6 unpadded: all must equal HF."""
+    """Batches of 1 and 3 run padded to 4 rows in decode, in the graph tuned for that shape; 6 run unpadded in
+    the general graph: all must equal HF."""
     path, runner, calls = compiled
     before = dict(calls)
     logits, tokens = run_greedy(runner, prompts, steps=STEPS)
     runner.req_to_token_pool.clear()
     runner.token_to_kv_pool_allocator.clear()
     assert calls["extend"] == before["extend"] + 1 and calls["decode"] == before["decode"] + STEPS - 1
+    small = STEPS - 1 if len(prompts) <= MIN_PACKED_ROWS else 0
+    assert calls["small_decode"] == before["small_decode"] + small
     hf = hf_model(path)
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts])
@@ -53,10 +65,30 @@ def test_compiled_matches_hf(compiled, prompts):
     assert tokens == [hf_greedy(hf, p, STEPS) for p in prompts]
 
 
+def test_small_decode_graph_logits_match_hf(compiled):
+    """The autotuned graph's own kernels (Inductor's C++ GEMM template where it wins the timing) against HF's
+    logits at every decode step, not only the greedy tokens."""
+    path, runner, calls = compiled
+    before = calls["small_decode"]
+    next_ids, _, batch = extend(make_reqs(PROMPTS), runner)
+    sequences = [list(p) + [t] for p, t in zip(PROMPTS, next_ids.tolist())]
+    hf = hf_model(path)
+    for _ in range(3):
+        next_ids, logits = decode(next_ids, batch, runner)
+        with torch.no_grad():
+            ref = torch.stack([hf(torch.tensor([s])).logits[0, -1] for s in sequences])
+        torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+        for s, t in zip(sequences, next_ids.tolist()):
+            s.append(t)
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    assert calls["small_decode"] == before + 3
+
+
 def test_decode_over_max_bs_runs_eagerly(tiny_llama):
     runner, calls = compiled_runner(tiny_llama, torch_compile_max_bs=2)
     _, tokens = run_greedy(runner, PROMPTS, steps=4)
-    assert calls == {"extend": 1, "decode": 0}
+    assert calls == {"extend": 1, "decode": 0, "small_decode": 0}
     assert isinstance(runner.graph_runner, CPUGraphRunner)
     hf = hf_model(tiny_llama)
     assert tokens == [hf_greedy(hf, p, 4) for p in PROMPTS]
@@ -65,7 +97,7 @@ def test_decode_over_max_bs_runs_eagerly(tiny_llama):
 def test_compiled_bfloat16_close_to_hf(tiny_llama):
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": 1}
     hf = hf_model(tiny_llama, dtype=torch.bfloat16)
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS]).float()
@@ -79,7 +111,7 @@ def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):
     second, calls = compiled_runner(tiny_llama, load_format="dummy", random_seed=7)
     run_greedy(first, PROMPTS, steps=2)
     logits, tokens = run_greedy(second, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": 1}
     ref_logits, ref_tokens = run_greedy(make_runner(tiny_llama, load_format="dummy", random_seed=7), PROMPTS, 2)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens
