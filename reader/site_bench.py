@@ -180,8 +180,10 @@ def bench_pages() -> dict[str, str]:
             "measured bandwidth; their FLOP rate (the batch's rows only: below four rows the kernel "
             "runs four, padded), against the matmul peak, shows when a larger batch makes them bound by compute "
             "instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
-            "kernel), norms, RoPE, sampling and framework time; for the compiled engine, whose linears are "
-            "Inductor's own packing of the same oneDNN kernels, it is approximate. A step can only reach the floor "
+            "kernel), norms, RoPE, sampling and framework time. For the compiled engine it is approximate at "
+            "batches over four, whose linears are Inductor's packing of the same oneDNN kernels, and "
+            "understated at four or fewer, where autotuning may pick Inductor's own C++ GEMM template, which streams "
+            "the weights faster than oneDNN. A step can only reach the floor "
             "if both gaps close: the kernels' read rate and the rest.\n\n"
         )
         out += _decode_breakdown(rows, peaks)
