@@ -7,7 +7,7 @@ are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's), an
 runs as one opaque custom op per layer (``minisgl::unified_attention``), which finds its batch through the
 forward context.
 
-One graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also makes
+One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also makes
 Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed GEMM,
 is ~2.5x slower at decode). Decode batches of fewer than four rows are padded to four, as
 ``apply_linear`` pads its input eagerly; on CPU, those four-row decodes run a second graph, compiled with
@@ -103,15 +103,13 @@ class CPUGraphRunner:
 
     def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         input_ids, positions = forward_batch.input_ids, forward_batch.positions
-        padding = 0
+        compiled_forward, padding = self.compiled_forward, 0
         if forward_batch.forward_mode.is_decode() and self.device.type == "cpu":
             padding = max(0, MIN_PACKED_ROWS - input_ids.shape[0])
+            if input_ids.shape[0] + padding == MIN_PACKED_ROWS:
+                compiled_forward = self.compiled_small_decode
         if padding:
             input_ids, positions = F.pad(input_ids, (0, padding)), F.pad(positions, (0, padding))
-        compiled_forward = self.compiled_forward
-        if self.compiled_small_decode is not None and forward_batch.forward_mode.is_decode():
-            if input_ids.shape[0] == MIN_PACKED_ROWS:
-                compiled_forward = self.compiled_small_decode
         with forward_context(ForwardContext(forward_batch, self.attention_layers)):
             output = compiled_forward(input_ids, positions, forward_batch)
         if padding:
