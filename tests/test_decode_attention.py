@@ -1,8 +1,10 @@
 """TorchNativeAttnBackend's decode paths against a naive attention computed request by request in float64.
 
-Decode picks its path by dtype and head grouping (float32; 16-bit gathered head by head, and upcast to
-float32 when each KV head has one query head; or with ``--enable-torch-compile`` 16-bit fused by Inductor), drops the mask when no sequence is padded, and attends in cache-sized blocks of requests: every
-combination must give the same attention.
+Eagerly, decode picks its path by dtype and head grouping (float32; 16-bit gathered head by head, and
+upcast to float32 when each KV head has one query head), drops the mask when no sequence is padded, and
+attends in cache-sized blocks of requests; traced by ``torch.compile`` it is ``fused_decode_attention``, with
+the K/V write in the same graph. Every combination must give the same attention, and the new token's K/V
+must land in the pool.
 """
 
 from __future__ import annotations
@@ -65,20 +67,24 @@ def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_
         token_to_kv_pool=pool,
         out_cache_loc=torch.tensor([slots[-1] for slots in slots_per_request]),
     )
-    backend = backend_module.TorchNativeAttnBackend(enable_torch_compile=compiled)
-    fused_calls = []
-    if compiled:
-        fused = backend._fused_decode
-        backend._fused_decode = lambda *args: fused_calls.append(1) or fused(*args)
+    backend = backend_module.TorchNativeAttnBackend()
+    traced_calls = []
+    fused = backend_module.fused_decode_attention
+    monkeypatch.setattr(backend_module, "fused_decode_attention", lambda *args: traced_calls.append(1) or fused(*args))
     layer = RadixAttention(heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
     backend.init_forward_metadata(forward_batch)
-    out = backend.forward_decode(q, k, v, layer, forward_batch)
+    forward_decode = backend.forward_decode
+    if compiled:
+        forward_decode = torch.compile(forward_decode, dynamic=True, fullgraph=True)
+    out = forward_decode(q, k, v, layer, forward_batch)
 
     expected = naive_decode_attention(
         q, pool.k_buffer[0], pool.v_buffer[0], slots_per_request, heads // kv_heads, layer.scaling
     )
     assert out.dtype == dtype and out.shape == (batch, heads * HEAD_DIM)
-    # The fused kernel replaces the 16-bit paths (upcast and head-major) when compiling.
-    assert bool(fused_calls) == (compiled and dtype == torch.bfloat16)
+    # Compiled, the traced kernel replaces every eager path; its K/V write must reach the pool itself.
+    assert bool(traced_calls) == compiled
+    slots = forward_batch.out_cache_loc
+    assert torch.equal(pool.k_buffer[0][slots], k) and torch.equal(pool.v_buffer[0][slots], v)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
     torch.testing.assert_close(out.double().view(batch, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)

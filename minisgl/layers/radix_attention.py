@@ -1,9 +1,10 @@
 """RadixAttention: the attention op a model layer calls; the work happens in the attention backend.
 
 It only carries the layer's shape (heads, head_dim, scaling, layer_id) and hands q/k/v to
-``forward_batch.attn_backend``, so models are independent of the kernel choice. Under ``torch.compile``
-it goes through ``unified_attention``, a custom op the compiler treats as a black box: the backend's
-gathers and per-request loops depend on sequence lengths, which would otherwise recompile every step.
+``forward_batch.attn_backend``, so models are independent of the kernel choice. Under ``torch.compile``,
+decode attention is traced into the graph like the rest of the layer (its shapes are the batch and the
+longest sequence, both symbolic), while extend goes through ``unified_attention``, a custom op the compiler
+treats as a black box: extend loops over requests whose lengths would otherwise recompile the graph.
 SGLang's version adds sliding windows, cross attention and logit caps, and its
 ``unified_attention_with_output`` plays the same role for piecewise CUDA graphs.
 """
@@ -30,25 +31,16 @@ class RadixAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch):
         k = k.view(-1, self.tp_k_head_num, self.head_dim)
         v = v.view(-1, self.tp_v_head_num, self.head_dim)
-        if torch.compiler.is_compiling():
+        if torch.compiler.is_compiling() and forward_batch.forward_mode.is_extend():
             return unified_attention(q, k, v, self.layer_id)
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)
 
 
 @torch.library.custom_op("minisgl::unified_attention", mutates_args=())
 def unified_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer_id: int) -> torch.Tensor:
-    """The backend's attention for layer ``layer_id`` of the batch in the current forward context.
-
-    The compiled graph may carry padding rows after the batch's real tokens (see ``CPUGraphRunner``):
-    only the real ones are attended and written to the KV pool; padding rows get zeros.
-    """
+    """The backend's attention for layer ``layer_id`` of the batch in the current forward context."""
     ctx = get_forward_context()
-    forward_batch, layer = ctx.forward_batch, ctx.attention_layers[layer_id]
-    num_tokens = forward_batch.input_ids.shape[0]
-    out = forward_batch.attn_backend.forward(q[:num_tokens], k[:num_tokens], v[:num_tokens], layer, forward_batch)
-    if num_tokens == q.shape[0]:
-        return out
-    return torch.cat([out, out.new_zeros(q.shape[0] - num_tokens, out.shape[1])])
+    return ctx.forward_batch.attn_backend.forward(q, k, v, ctx.attention_layers[layer_id], ctx.forward_batch)
 
 
 @unified_attention.register_fake

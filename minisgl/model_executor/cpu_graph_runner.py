@@ -2,28 +2,29 @@
 
 Eagerly, a decode step of a small model launches about a thousand small kernels from Python (two RMSNorms,
 RoPE, SiLU and residual adds per layer, each a few kernels); at batch 1 that framework time is a fifth of
-SmolLM2's step. Compiled, the elementwise work between the matmuls fuses into a few C++ loops, the weights
-are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's), and the attention backend
-runs as one opaque custom op per layer (``minisgl::unified_attention``), which finds its batch through the
-forward context.
+SmolLM2's step. Compiled, the elementwise work between the matmuls fuses into a few C++ loops and the
+weights are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's). Decode attention is
+traced into the graph too, K/V write included; extend's attention runs as one opaque custom op per layer
+(``minisgl::unified_attention``), which finds its batch through the forward context.
 
 One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also makes
 Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed GEMM,
-is ~2.5x slower at decode). Decode batches of fewer than four rows are padded to four, as
-``apply_linear`` pads its input eagerly; on CPU, those four-row decodes run a second graph, compiled with
-max-autotune for that one shape (see ``__init__``). The first forward of each graph compiles (about two
+is ~2.5x slower at decode). On CPU, decode batches of fewer than four requests are padded to four, as
+``apply_linear`` pads its input eagerly (see ``prepare_replay``), and those four-row decodes run a second
+graph, compiled with max-autotune for that one shape (see ``__init__``). The first forward of each graph compiles (about two
 minutes on two cores for SmolLM2's extend and small decode; later processes reuse Inductor's on-disk
 cache). Each graph freezes its own packed copy of the weights, beside the module's plain ones that eager
 batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a batch-1 decode, 3.6 with the
 general decode graph too).
 
 SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
-to the next captured size; prefill stays eager there. Its CUDA counterpart captures CUDA graphs, which
+to the next captured size the same way; prefill stays eager there. Its CUDA counterpart captures CUDA graphs, which
 minisgl does not: on CUDA the same compiled forward runs without graph capture.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import warnings
 from typing import TYPE_CHECKING
 
@@ -88,7 +89,7 @@ class CPUGraphRunner:
         # machine's read bandwidth, where oneDNN reaches about three quarters of it (SmolLM2 float32 batch 1:
         # 33.6 -> 24.2 ms/step). Tuned for four rows, it is slower at 8 and 32, so larger batches keep the
         # general graph. The tuning adds about a minute to the first small decode's compile (SmolLM2, 2 cores).
-        self.compiled_small_decode = None
+        self.compiled_small_decode = self.compiled_forward
         if self.device.type == "cpu":
             autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                         # the timings stay quiet: no table per linear on stderr
@@ -101,17 +102,38 @@ class CPUGraphRunner:
         """Extend always; decode up to ``--torch-compile-max-bs`` requests (larger batches run eagerly)."""
         return forward_batch.forward_mode.is_extend() or forward_batch.batch_size <= self.max_bs
 
-    def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        input_ids, positions = forward_batch.input_ids, forward_batch.positions
-        compiled_forward, padding = self.compiled_forward, 0
+    def prepare_replay(self, forward_batch: ForwardBatch) -> ForwardBatch:
+        """The batch the graph runs, with the attention metadata built for it.
+
+        On CPU, a decode of fewer than MIN_PACKED_ROWS requests gets padding requests up to that many: each
+        is one token long, in the reserved row 0 of ``req_to_token`` and slot 0 of the KV pool, so it writes
+        and attends only the padding slot, which real requests never read unmasked. SGLang's
+        ``prepare_replay`` pads to the next captured batch size with the same reserved row and slot.
+        """
+        padding = 0
         if forward_batch.forward_mode.is_decode() and self.device.type == "cpu":
-            padding = max(0, MIN_PACKED_ROWS - input_ids.shape[0])
-            if input_ids.shape[0] + padding == MIN_PACKED_ROWS:
-                compiled_forward = self.compiled_small_decode
+            padding = max(0, MIN_PACKED_ROWS - forward_batch.batch_size)
         if padding:
-            input_ids, positions = F.pad(input_ids, (0, padding)), F.pad(positions, (0, padding))
-        with forward_context(ForwardContext(forward_batch, self.attention_layers)):
-            output = compiled_forward(input_ids, positions, forward_batch)
-        if padding:
+            pad = lambda tensor, value=0: F.pad(tensor, (0, padding), value=value)  # noqa: E731
+            forward_batch = dataclasses.replace(
+                forward_batch,
+                batch_size=forward_batch.batch_size + padding,
+                input_ids=pad(forward_batch.input_ids),
+                req_pool_indices=pad(forward_batch.req_pool_indices),
+                seq_lens=pad(forward_batch.seq_lens, 1),
+                seq_lens_cpu=pad(forward_batch.seq_lens_cpu, 1),
+                out_cache_loc=pad(forward_batch.out_cache_loc),
+                positions=pad(forward_batch.positions),
+            )
+        forward_batch.attn_backend.init_forward_metadata(forward_batch)
+        return forward_batch
+
+    def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
+        batch = self.prepare_replay(forward_batch)
+        small_decode = batch.forward_mode.is_decode() and batch.batch_size == MIN_PACKED_ROWS
+        compiled_forward = self.compiled_small_decode if small_decode else self.compiled_forward
+        with forward_context(ForwardContext(batch, self.attention_layers)):
+            output = compiled_forward(batch.input_ids, batch.positions, batch)
+        if batch.batch_size != forward_batch.batch_size:
             output = LogitsProcessorOutput(next_token_logits=output.next_token_logits[: forward_batch.batch_size])
         return output

@@ -54,7 +54,7 @@ class ModelRunner:
         self.generator = torch.Generator(device=device).manual_seed(server_args.random_seed)
         self.load_model()
         self.init_memory_pool()
-        self.attn_backend = TorchNativeAttnBackend(server_args.enable_torch_compile)
+        self.attn_backend = TorchNativeAttnBackend()
         self.graph_runner: CPUGraphRunner | None = CPUGraphRunner(self) if server_args.enable_torch_compile else None
 
     def load_model(self) -> None:
@@ -105,9 +105,9 @@ class ModelRunner:
 
     def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
         """One model forward: the compiled graph when there is one for this batch, else eager (as SGLang)."""
-        self.attn_backend.init_forward_metadata(forward_batch)
         if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
             return ModelRunnerOutput(logits_output=self.graph_runner.execute(forward_batch))
+        self.attn_backend.init_forward_metadata(forward_batch)
         logits_output = self.model.forward(forward_batch.input_ids, forward_batch.positions, forward_batch)
         return ModelRunnerOutput(logits_output=logits_output)
 

@@ -4,8 +4,8 @@ Extend handles one request at a time, because each has its own prefix and length
 the cached prefix plus its own new tokens (causal). Decode is batched: each request's K/V are gathered up
 to the longest sequence (padding masked), the query heads sharing a KV head ride along as extra query
 rows, and one SDPA call serves the batch (on CPU, a block of requests small enough for its K/V to stay in
-cache). With ``--enable-torch-compile``, 16-bit decode on CPU runs ``fused_decode_attention`` instead, a
-kernel Inductor generates with the gathers fused in.
+cache). Inside a ``torch.compile`` graph (``--enable-torch-compile``), decode runs ``fused_decode_attention``
+instead: plain tensor ops that Inductor fuses, with the K/V write and the gathers, into the model's graph.
 
 SGLang's ``TorchNativeAttnBackend`` loops over requests in both modes; its Triton, FlashInfer and
 FlashAttention backends build ``kv_indptr``/``kv_indices`` (or page tables) from the same
@@ -41,7 +41,8 @@ class ExtendMetadata:
 @dataclass
 class DecodeMetadata:
     kv_indices: torch.Tensor  # [batch, max_seq_len] KV slots (padding positions point at slot 0)
-    mask: torch.Tensor | None  # [batch, 1, 1, max_seq_len], True where a position is real; None if none is padding
+    valid: torch.Tensor  # [batch, max_seq_len], True where a position is real
+    ragged: bool  # some positions are padding, so SDPA needs ``valid`` as a mask
     head_major_rows: torch.Tensor | None = None  # built by the first layer that needs it
 
     def get_head_major_rows(self, kv_heads: int) -> torch.Tensor:
@@ -57,7 +58,7 @@ def fused_decode_attention(
     k_buffer: torch.Tensor,
     v_buffer: torch.Tensor,
     kv_indices: torch.Tensor,
-    valid: torch.Tensor | None,
+    valid: torch.Tensor,
     scale: float,
 ) -> torch.Tensor:
     """Decode attention in plain tensor ops, for TorchInductor to fuse (``--enable-torch-compile``).
@@ -68,20 +69,16 @@ def fused_decode_attention(
     """
     keys = k_buffer[kv_indices][:, :, :, None]  # [batch, seq, kv_heads, 1, head_dim]
     scores = (q[:, None].float() * keys.float()).sum(-1) * scale  # [batch, seq, kv_heads, group]
-    if valid is not None:
-        scores = scores.masked_fill(~valid[:, :, None, None], float("-inf"))
+    scores = scores.masked_fill(~valid[:, :, None, None], float("-inf"))
     probs = scores.softmax(dim=1)
     values = v_buffer[kv_indices][:, :, :, None]
     return (probs[..., None] * values.float()).sum(1).to(q.dtype)
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self, enable_torch_compile: bool = False):
+    def __init__(self):
         self.forward_metadata = None
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
-        # Sequence length changes every step, so the kernel is compiled with symbolic shapes, once per process.
-        # Used for 16-bit decode on CPU, where it is measured faster than the SDPA paths.
-        self._fused_decode = torch.compile(fused_decode_attention, dynamic=True) if enable_torch_compile else None
 
     def _workspace(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
         """A reusable buffer of at least ``shape``; grows when a batch needs more, never shrinks."""
@@ -101,7 +98,7 @@ class TorchNativeAttnBackend(AttentionBackend):
             valid = torch.arange(max_len, device=rows.device) < forward_batch.seq_lens[:, None]
             kv_indices = torch.where(valid, req_to_token[rows, :max_len], 0)
             ragged = int(forward_batch.seq_lens_cpu.min()) != max_len
-            self.forward_metadata = DecodeMetadata(kv_indices, valid[:, None, None, :] if ragged else None)
+            self.forward_metadata = DecodeMetadata(kv_indices, valid, ragged)
             return
         kv_indices, masks, q_slices, start = [], [], [], 0
         seq_lens = forward_batch.seq_lens_cpu.tolist()
@@ -173,6 +170,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         # per group of heads instead of once per head.
         group = layer.tp_q_head_num // kv_heads
         queries = q.view(batch, kv_heads, group, head_dim)
+        if torch.compiler.is_compiling():
+            # Traced into the compiled forward, decode attention costs no custom-op call, no Python and no
+            # gathered copy per layer (SmolLM2 float32 decode: batch 1 25.1 -> 20.1 ms/step, batch 8
+            # 41.3 -> 33.2), and the K/V write above fuses into the same kernel, in place in the pool.
+            out = fused_decode_attention(queries, *buffers, meta.kv_indices, meta.valid, layer.scaling)
+            return out.reshape(batch, layer.tp_q_head_num * head_dim)
         on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32
         # 16-bit K/V are gathered head by head on CPU. CPU SDPA's 16-bit kernel is fast for several query rows on
         # contiguous [seq, head_dim] blocks (grouped heads; SmolLM2 bf16 batch 32: 133 -> 100 ms/step) and slow
@@ -182,13 +185,6 @@ class TorchNativeAttnBackend(AttentionBackend):
         # process, six backend instances x three runs: 99-216), head by head it holds at 113-170, mostly ~117.
         head_major = on_cpu and half
         upcast = head_major and group == 1
-        if on_cpu and half and self._fused_decode is not None:
-            # Compiled, the gathers fuse into the kernel and the upcast pass disappears: dummy134 bf16 decode,
-            # batch 8: 27.5 -> 23.3 ms/step, batch 32: ~2x; SmolLM2 (GQA) bf16 batch 32: ~18%, batch 8: equal.
-            # (float32 measured no faster.)
-            valid = None if meta.mask is None else meta.mask.view(batch, seq_len)
-            out = self._fused_decode(queries, *buffers, meta.kv_indices, valid, layer.scaling)
-            return out.reshape(batch, layer.tp_q_head_num * head_dim)
         index = meta.get_head_major_rows(kv_heads) if head_major else meta.kv_indices
         # On CPU, requests are attended a few at a time so that the K/V gathered for them are still in cache when
         # SDPA reads them; a whole large batch's gather goes out to memory and back (dummy134 bf16 batch 32:
@@ -199,7 +195,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         for start in range(0, batch, chunk):
             rows = slice(start, start + chunk)
             keys, values = self._gather_kv(buffers, index[rows], head_major, upcast)
-            mask = None if meta.mask is None else meta.mask[rows]
+            mask = meta.valid[rows, None, None, :] if meta.ragged else None
             outs.append(
                 F.scaled_dot_product_attention(
                     queries[rows].to(keys.dtype), keys, values, attn_mask=mask, scale=layer.scaling
