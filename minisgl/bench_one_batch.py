@@ -289,10 +289,17 @@ def latency_test(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, d
     custom_inputs = [tokenizer.encode(p.strip()) for p in _read_prompts_from_file(bench_args.prompt_filename)]
     context_len = model_runner.torch_runner.model_config.context_len
     _check_prompt_lengths(custom_inputs[: max(bench_args.batch_size)], max(bench_args.output_len), context_len)
-    bs, il, ol = bench_args.batch_size[0], bench_args.input_len[0], min(32, bench_args.output_len[0])
+    il, ol = bench_args.input_len[0], min(32, bench_args.output_len[0])
+    # Compiled, the first batch of a new size can compile during its run: the extend graph specializes on
+    # batch 1, and decodes of up to four and of more than four requests run different graphs. SGLang captures
+    # its graphs for every batch size before the benchmark, so here each size is warmed up once.
+    warmup_sizes = list(dict.fromkeys(bench_args.batch_size))
+    if not server_args.enable_torch_compile:
+        warmup_sizes = warmup_sizes[:1]
     rank_print("Warmup ...")
-    warmup_reqs = prepare_synthetic_inputs_for_latency_test(bs, il, ol, vocab_size, seed)
-    latency_test_run_once(bench_args.run_name, model_runner, rank_print, warmup_reqs, bs, il, ol, **common)
+    for bs in warmup_sizes:
+        warmup_reqs = prepare_synthetic_inputs_for_latency_test(bs, il, ol, vocab_size, seed)
+        latency_test_run_once(bench_args.run_name, model_runner, rank_print, warmup_reqs, bs, il, ol, **common)
     rank_print("Benchmark ...")
 
     combos = list(itertools.product(bench_args.batch_size, bench_args.input_len, bench_args.output_len))

@@ -167,6 +167,17 @@ def test_output_len_one_has_no_decode(tiny_llama, tmp_path):
     assert "nan" not in benchmark  # the summary shows "-" for the missing decode columns
 
 
+def test_compiled_sweep_warms_up_every_batch_size(tiny_llama, tmp_path):
+    """SGLang captures its graphs for every batch size before measuring; compiled, minisgl warms each size up
+    (batch 1 specializes the extend graph, batch 5 needs the general decode graph), eagerly only the first."""
+    sizes = ("--batch-size", "1", "5", "--input-len", "8", "--output-len", "3")
+    for flags, warmups in [(("--enable-torch-compile",), 2), ((), 1)]:
+        proc = bench(tmp_path, tiny_llama, "--max-total-tokens", "4000", *sizes, *flags)
+        warmup, benchmark = proc.stdout.split("Benchmark ...", 1)
+        assert warmup.count("Prefill. latency") == warmups, proc.stdout
+        assert benchmark.count("Prefill. latency") == 2
+
+
 def test_combination_over_the_pool_is_skipped(tiny_llama, tmp_path):
     args = ("--max-total-tokens", "100", "--batch-size", "1", "8", "--input-len", "16", "--output-len", "8")
     proc = bench(tmp_path, tiny_llama, *args)

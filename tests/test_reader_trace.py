@@ -59,6 +59,21 @@ CONDITIONAL = {
                 "minisgl.model_executor.forward_context.forward_context",
             ),
             (
+                "minisgl.layers.radix_attention.RadixAttention.forward",
+                "minisgl.model_executor.forward_batch_info.ForwardMode.is_extend",
+            ),
+            (
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.forward_decode",
+                "minisgl.layers.attention.torch_native_backend.fused_decode_attention",
+            ),
+            (
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.execute",
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.prepare_replay",
+            ),
+            (
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.prepare_replay",
+                "minisgl.model_executor.forward_batch_info.ForwardMode.is_decode",
+            ),            (
                 "minisgl.model_executor.model_runner.ModelRunner.forward",
                 "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph",
             ),
