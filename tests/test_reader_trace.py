@@ -73,7 +73,8 @@ CONDITIONAL = {
             (
                 "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.prepare_replay",
                 "minisgl.model_executor.forward_batch_info.ForwardMode.is_decode",
-            ),            (
+            ),
+            (
                 "minisgl.model_executor.model_runner.ModelRunner.forward",
                 "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph",
             ),
