@@ -11,15 +11,16 @@ One general graph serves every batch size: the batch dimension is symbolic (``dy
 Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed GEMM,
 is ~2.5x slower at decode). On CPU, decode batches of fewer than four requests are padded to four, as
 ``apply_linear`` pads its input eagerly (see ``prepare_replay``), and those four-row decodes run a second
-graph, compiled with max-autotune for that one shape (see ``__init__``). The first forward of each graph compiles (about two
-minutes on two cores for SmolLM2's extend and small decode; later processes reuse Inductor's on-disk
-cache). Each graph freezes its own packed copy of the weights, beside the module's plain ones that eager
-batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a batch-1 decode, 3.6 with the
-general decode graph too).
+graph, compiled with max-autotune for that one shape (see ``__init__``). The first forward of each graph
+compiles (about two minutes on two cores for SmolLM2's extend and small decode; later processes reuse
+Inductor's on-disk cache); extends of one request and of several compile separate graphs, as dynamo
+specializes a dimension of size 1. Each graph freezes its own packed copy of the weights, beside the
+module's plain ones that eager batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a
+batch-1 decode, 3.6 with the general decode graph too).
 
 SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
-to the next captured size the same way; prefill stays eager there. Its CUDA counterpart captures CUDA graphs, which
-minisgl does not: on CUDA the same compiled forward runs without graph capture.
+to the next captured size the same way; prefill stays eager there. Its CUDA counterpart captures CUDA
+graphs, which minisgl does not: on CUDA the same compiled forward runs without graph capture.
 """
 
 from __future__ import annotations
@@ -89,6 +90,7 @@ class CPUGraphRunner:
         # machine's read bandwidth, where oneDNN reaches about three quarters of it (SmolLM2 float32 batch 1:
         # 33.6 -> 24.2 ms/step). Tuned for four rows, it is slower at 8 and 32, so larger batches keep the
         # general graph. The tuning adds about a minute to the first small decode's compile (SmolLM2, 2 cores).
+        # On CUDA nothing is padded, and every decode runs the general graph.
         self.compiled_small_decode = self.compiled_forward
         if self.device.type == "cpu":
             autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
