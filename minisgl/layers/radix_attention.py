@@ -2,9 +2,10 @@
 
 It only carries the layer's shape (heads, head_dim, scaling, layer_id) and hands q/k/v to
 ``forward_batch.attn_backend``, so models are independent of the kernel choice. Under ``torch.compile``,
-decode attention is traced into the graph like the rest of the layer (its shapes are the batch and the
-longest sequence, both symbolic), while extend goes through ``unified_attention``, a custom op the compiler
-treats as a black box: extend loops over requests whose lengths would otherwise recompile the graph.
+decode attention and the extend of a single request are traced into the graph like the rest of the layer
+(their shapes are symbolic), while an extend of several requests goes through ``unified_attention``, a
+custom op the compiler treats as a black box: it loops over requests whose lengths would otherwise
+recompile the graph.
 SGLang's version adds sliding windows, cross attention and logit caps, and its
 ``unified_attention_with_output`` plays the same role for piecewise CUDA graphs.
 """
@@ -31,7 +32,8 @@ class RadixAttention(nn.Module):
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, forward_batch: ForwardBatch):
         k = k.view(-1, self.tp_k_head_num, self.head_dim)
         v = v.view(-1, self.tp_v_head_num, self.head_dim)
-        if torch.compiler.is_compiling() and forward_batch.forward_mode.is_extend():
+        # batch_size costs no extra graph: dynamo already compiles extends of one request apart (size-1 dims).
+        if torch.compiler.is_compiling() and forward_batch.forward_mode.is_extend() and forward_batch.batch_size > 1:
             return unified_attention(q, k, v, self.layer_id)
         return forward_batch.attn_backend.forward(q, k, v, self, forward_batch)
 

@@ -3,9 +3,10 @@
 Eagerly, a decode step of a small model launches about a thousand small kernels from Python (two RMSNorms,
 RoPE, SiLU and residual adds per layer, each a few kernels); at batch 1 that framework time is a fifth of
 SmolLM2's step. Compiled, the elementwise work between the matmuls fuses into a few C++ loops and the
-weights are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's). Decode attention is
-traced into the graph too, K/V write included; extend's attention runs as one opaque custom op per layer
-(``minisgl::unified_attention``), which finds its batch through the forward context.
+weights are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's). Decode attention and
+a single request's extend are traced into the graph too, K/V write included; the attention of an extend of
+several requests runs as one opaque custom op per layer (``minisgl::unified_attention``), which finds its
+batch through the forward context.
 
 One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also makes
 Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed GEMM,
