@@ -1,10 +1,10 @@
 """ForwardContext: the batch of the forward now running, for code that cannot be handed it as an argument.
 
-Under ``torch.compile`` the attention of a multi-request extend is an opaque custom op (``minisgl::unified_attention``) whose
-arguments must be tensors and numbers; it finds the ``ForwardBatch`` (pools, backend metadata) and its
-``RadixAttention`` layer here instead. The graph runner publishes a context around each compiled call.
-SGLang's ``forward_context.py`` holds the attention backend for every forward, and its piecewise-CUDA-graph
-context carries the forward batch and attention layers the same way.
+Under ``torch.compile`` the attention of a multi-request extend is an opaque custom op
+(``minisgl::unified_attention``) whose arguments must be tensors and numbers; it finds the ``ForwardBatch``
+(pools, backend metadata) and its ``RadixAttention`` layer here instead. The graph runner publishes a
+context around each compiled call. SGLang's ``forward_context.py`` holds the attention backend for every
+forward, and its piecewise-CUDA-graph context carries the forward batch and attention layers the same way.
 """
 
 from __future__ import annotations
