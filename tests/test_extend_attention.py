@@ -1,0 +1,95 @@
+"""TorchNativeAttnBackend's extend paths against a naive causal attention computed request by request in float64.
+
+A batch of requests of one length with no cached prefix attends in one SDPA call on the new k and v; other
+batches attend request by request, gathering K/V from the pool only for requests with a cached prefix.
+Every path must give the same attention, and the new tokens' K/V must land in the pool.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+import minisgl.layers.attention.torch_native_backend as backend_module
+from minisgl.layers.radix_attention import RadixAttention
+from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from minisgl.model_executor.forward_batch_info import ForwardMode
+
+HEAD_DIM = 8
+
+
+def naive_extend_attention(q, k_buffer, v_buffer, slots_per_request, prefix_lens, group, scale):
+    """q: [tokens, heads, head_dim], requests' new tokens back to back; new token j of a request with prefix p
+    sits at position p + j and sees positions 0..p + j; query head h reads KV head h // group."""
+    outs, start = [], 0
+    for slots, prefix_len in zip(slots_per_request, prefix_lens):
+        keys, values = k_buffer[slots].double(), v_buffer[slots].double()  # [seq, kv_heads, head_dim]
+        for j in range(len(slots) - prefix_len):
+            visible = prefix_len + j + 1
+            heads = []
+            for h in range(q.shape[1]):
+                scores = keys[:visible, h // group] @ q[start + j, h].double() * scale
+                heads.append(torch.softmax(scores, 0) @ values[:visible, h // group])
+            outs.append(torch.stack(heads))
+        start += len(slots) - prefix_len
+    return torch.stack(outs)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+@pytest.mark.parametrize(
+    "prefix_lens,extend_lens,sdpa_calls",
+    [([0, 0, 0], [6, 6, 6], 1), ([0, 0, 0], [5, 9, 1], 3), ([0, 4, 2], [5, 3, 6], 3), ([3], [4], 1)],
+    ids=["rectangular", "ragged", "prefixed", "one-prefixed"],
+)
+def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, extend_lens, sdpa_calls, monkeypatch):
+    gen = torch.Generator().manual_seed(0)
+    batch, num_slots = len(extend_lens), 64
+    req_to_token_pool = ReqToTokenPool(8, 32, torch.device("cpu"))
+    pool = MHATokenToKVPool(num_slots, dtype, kv_heads, HEAD_DIM, 1, torch.device("cpu"))
+    for buffer in (pool.k_buffer[0], pool.v_buffer[0]):  # the cached prefixes' K/V (and junk elsewhere)
+        buffer.copy_(torch.randn(buffer.shape, generator=gen).to(dtype))
+    # Scattered slots, as an allocator hands them out after a few batches; each request's last slots are new.
+    free = (torch.randperm(num_slots - 1, generator=gen) + 1).tolist()
+    slots_per_request, new_slots, rows = [], [], torch.arange(1, batch + 1)
+    for row, prefix_len, extend_len in zip(rows.tolist(), prefix_lens, extend_lens):
+        slots, free = free[: prefix_len + extend_len], free[prefix_len + extend_len :]
+        req_to_token_pool.req_to_token[row, : len(slots)] = torch.tensor(slots, dtype=torch.int32)
+        slots_per_request.append(slots)
+        new_slots += slots[prefix_len:]
+    tokens = sum(extend_lens)
+    q = torch.randn(tokens, heads * HEAD_DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(tokens, kv_heads, HEAD_DIM, generator=gen).to(dtype) for _ in range(2))
+    seq_lens = [p + e for p, e in zip(prefix_lens, extend_lens)]
+    forward_batch = SimpleNamespace(
+        forward_mode=ForwardMode.EXTEND,
+        req_to_token_pool=req_to_token_pool,
+        req_pool_indices=rows,
+        seq_lens_cpu=torch.tensor(seq_lens),
+        extend_prefix_lens_cpu=prefix_lens,
+        extend_seq_lens_cpu=extend_lens,
+        token_to_kv_pool=pool,
+        out_cache_loc=torch.tensor(new_slots),
+    )
+    calls = []
+    sdpa = backend_module.F.scaled_dot_product_attention
+    monkeypatch.setattr(
+        backend_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw)
+    )
+    backend = backend_module.TorchNativeAttnBackend()
+    layer = RadixAttention(heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
+    backend.init_forward_metadata(forward_batch)
+    out = backend.forward_extend(q, k, v, layer, forward_batch)
+
+    expected = naive_extend_attention(
+        q.view(tokens, heads, HEAD_DIM), pool.k_buffer[0], pool.v_buffer[0], slots_per_request, prefix_lens,
+        heads // kv_heads, layer.scaling,
+    )  # fmt: skip
+    assert out.dtype == dtype and out.shape == (tokens, heads * HEAD_DIM)
+    assert len(calls) == sdpa_calls  # one call for a rectangular batch, else one per request
+    slots = forward_batch.out_cache_loc
+    assert torch.equal(pool.k_buffer[0][slots], k) and torch.equal(pool.v_buffer[0][slots], v)
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
+    torch.testing.assert_close(out.double().view(tokens, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)
