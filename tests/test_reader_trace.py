@@ -132,10 +132,10 @@ def test_static_chain_edges_execute(tiny_llama):
     for entry in ("minisgl.bench_one_batch.extend", "minisgl.bench_one_batch.decode"):
         static |= _static_edges(_find(chain.root, entry))
 
-    def make_reqs():
+    def make_reqs(first_prompt):
         reqs = []
         for i, (ids, params) in enumerate(
-            [([5, 17, 42, 9], SamplingParams(temperature=0)), ([8, 2, 31], SamplingParams(temperature=0.8, top_k=5))]
+            [(first_prompt, SamplingParams(temperature=0)), ([8, 2, 31], SamplingParams(temperature=0.8, top_k=5))]
         ):
             req = Req(i, "", ids, params)
             req.full_untruncated_fill_ids, req.fill_len = req.origin_input_ids, len(ids)
@@ -162,8 +162,12 @@ def test_static_chain_edges_execute(tiny_llama):
     sys.setprofile(hook)
     try:
         for runner in runners:
-            next_ids, _, batch = extend(make_reqs(), runner)
-            decode(next_ids, batch, runner)
+            # Prompts of two lengths, then of one length: extend attends request by request, then in one call.
+            for first_prompt in ([5, 17, 42, 9], [5, 17, 42]):
+                next_ids, _, batch = extend(make_reqs(first_prompt), runner)
+                decode(next_ids, batch, runner)
+                runner.req_to_token_pool.clear()
+                runner.token_to_kv_pool_allocator.clear()
     finally:
         sys.setprofile(None)
 
