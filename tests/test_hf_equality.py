@@ -53,11 +53,13 @@ def model_path(request):
     return request.getfixturevalue(request.param)
 
 
-def test_prefill_logits_match_hf(model_path):
-    logits, _ = run_greedy(make_runner(model_path), PROMPTS, steps=1)
+@pytest.mark.parametrize("prompts", [PROMPTS, [p[:3] for p in PROMPTS]], ids=["lengths-differ", "one-length"])
+def test_prefill_logits_match_hf(model_path, prompts):
+    """Prompts of one length attend in one call per layer; prompts of different lengths, request by request."""
+    logits, _ = run_greedy(make_runner(model_path), prompts, steps=1)
     hf = hf_model(model_path)
     with torch.no_grad():
-        ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS])
+        ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts])
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
 
 
