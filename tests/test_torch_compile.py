@@ -87,6 +87,8 @@ def test_small_decode_graph_logits_match_hf(compiled):
     runner.req_to_token_pool.clear()
     runner.token_to_kv_pool_allocator.clear()
     assert calls["small_decode"] == before + 3
+    # Padded to four rows for the linears, but only the three requests attend: the padding row scans no sequence.
+    assert runner.attn_backend.forward_metadata.kv_indices.shape[0] == len(PROMPTS) < MIN_PACKED_ROWS
 
 
 def test_decode_over_max_bs_runs_eagerly(tiny_llama):

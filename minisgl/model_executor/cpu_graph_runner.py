@@ -15,7 +15,8 @@ is ~2.5x slower at decode). On CPU, decode batches of fewer than four requests a
 graph, compiled with max-autotune for that one shape (see ``__init__``). The first forward of each graph
 compiles (about two minutes on two cores for SmolLM2's extend and small decode; later processes reuse
 Inductor's on-disk cache); extends of one request and of several compile separate graphs, as dynamo
-specializes a dimension of size 1. Each graph freezes its own packed copy of the weights, beside the
+specializes a dimension of size 1, and so do small decodes of one request and of two or three (the rows
+that attend). Each graph freezes its own packed copy of the weights, beside the
 module's plain ones that eager batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a
 batch-1 decode, 3.6 with the general decode graph too).
 
@@ -110,9 +111,11 @@ class CPUGraphRunner:
 
         On CPU, a decode of fewer than MIN_PACKED_ROWS requests gets padding requests up to that many: each
         is one token long, in the reserved row 0 of ``req_to_token`` and slot 0 of the KV pool, so it writes
-        and attends only the padding slot, which real requests never read unmasked. SGLang's
-        ``prepare_replay`` pads to the next captured batch size with the same reserved row and slot.
+        only the padding slot, which real requests never read unmasked. SGLang's ``prepare_replay`` pads to
+        the next captured batch size with the same reserved row and slot. The attention metadata covers the
+        real requests only: the padding rows skip attention (see ``forward_decode``).
         """
+        forward_batch.attn_backend.init_forward_metadata(forward_batch)
         padding = 0
         if forward_batch.forward_mode.is_decode() and self.device.type == "cpu":
             padding = max(0, MIN_PACKED_ROWS - forward_batch.batch_size)
@@ -128,7 +131,6 @@ class CPUGraphRunner:
                 out_cache_loc=pad(forward_batch.out_cache_loc),
                 positions=pad(forward_batch.positions),
             )
-        forward_batch.attn_backend.init_forward_metadata(forward_batch)
         return forward_batch
 
     def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
