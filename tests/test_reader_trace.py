@@ -75,6 +75,10 @@ CONDITIONAL = {
                 "minisgl.model_executor.forward_batch_info.ForwardMode.is_decode",
             ),
             (
+                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.prepare_replay",
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
+            ),
+            (
                 "minisgl.model_executor.model_runner.ModelRunner.forward",
                 "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.can_run_graph",
             ),
