@@ -109,27 +109,25 @@ class CPUGraphRunner:
     def prepare_replay(self, forward_batch: ForwardBatch) -> ForwardBatch:
         """The batch the graph runs, with the attention metadata built for it.
 
-        On CPU, a decode of fewer than MIN_PACKED_ROWS requests gets padding requests up to that many: each
-        is one token long, in the reserved row 0 of ``req_to_token`` and slot 0 of the KV pool, so it writes
-        only the padding slot, which real requests never read unmasked. SGLang's ``prepare_replay`` pads to
-        the next captured batch size with the same reserved row and slot. The attention metadata covers the
-        real requests only: the padding rows skip attention (see ``forward_decode``).
+        On CPU, a decode of fewer than MIN_PACKED_ROWS requests gets padding rows up to that many, for the
+        linears: each is one token that writes its K/V to the reserved slot 0 of the KV pool, which real
+        requests never read unmasked. The attention metadata is built before padding, so it covers the real
+        requests only and the padding rows skip attention (see ``forward_decode``). SGLang's
+        ``prepare_replay`` pads to the next captured batch size with padding requests in the same reserved
+        ``req_to_token`` row and slot, and they attend.
         """
         forward_batch.attn_backend.init_forward_metadata(forward_batch)
         padding = 0
         if forward_batch.forward_mode.is_decode() and self.device.type == "cpu":
             padding = max(0, MIN_PACKED_ROWS - forward_batch.batch_size)
         if padding:
-            pad = lambda tensor, value=0: F.pad(tensor, (0, padding), value=value)  # noqa: E731
+            # Only what the graph reads: the pool-row and length fields fed the metadata, built above.
             forward_batch = dataclasses.replace(
                 forward_batch,
                 batch_size=forward_batch.batch_size + padding,
-                input_ids=pad(forward_batch.input_ids),
-                req_pool_indices=pad(forward_batch.req_pool_indices),
-                seq_lens=pad(forward_batch.seq_lens, 1),
-                seq_lens_cpu=pad(forward_batch.seq_lens_cpu, 1),
-                out_cache_loc=pad(forward_batch.out_cache_loc),
-                positions=pad(forward_batch.positions),
+                input_ids=F.pad(forward_batch.input_ids, (0, padding)),
+                positions=F.pad(forward_batch.positions, (0, padding)),
+                out_cache_loc=F.pad(forward_batch.out_cache_loc, (0, padding)),
             )
         return forward_batch
 
