@@ -84,6 +84,21 @@ def read_bandwidth(reps: int = 3) -> float:
     return matrix.numel() * 4 / min(statistics.median(run_times(read, reps)) for read in readers)
 
 
+def machine_info() -> dict:
+    """The CPU the figures belong to: kernel choices and the shares differ from one CPU to another."""
+    names = []
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
+        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+    return {
+        "cpu": names[0] if names else "unknown",
+        "cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "capability": torch.backends.cpu.get_cpu_capability(),
+        "amx": torch.cpu._is_amx_tile_supported(),
+        "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+    }
+
+
 def decode_linear_weights(model) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
     """(weight, bias) of every linear layer of a loaded minisgl model and of its LM head, as its kernels read them."""
     layers = [(m.weight, m.bias) for m in model.modules() if isinstance(m, (ReplicatedLinear, RowParallelLinear))]
@@ -240,7 +255,7 @@ def main() -> None:
         add_roofline_shares(row, peaks)
     print_table(rows, peaks)
     with open(args.output, "w") as f:
-        json.dump({"peaks": peaks, "rows": rows}, f, indent=1)
+        json.dump({"machine": machine_info(), "peaks": peaks, "rows": rows}, f, indent=1)
     print(f"written {args.output}")
 
 

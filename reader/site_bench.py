@@ -141,6 +141,20 @@ def _bandwidth(peaks: dict) -> str:
             f"(samples {min(samples) / 1e9:.1f}-{max(samples) / 1e9:.1f} GB/s)")  # fmt: skip
 
 
+def _machine(machine: dict | None) -> str:
+    """The CPU the results were measured on (results written before perf.py recorded it have none)."""
+    if not machine:
+        return ""
+    features = ", ".join(
+        f"{name} {'yes' if machine[key] else 'no'}" for key, name in (("amx", "AMX"), ("avx512_bf16", "AVX512-BF16"))
+    )
+    return (
+        f"Measured on: {machine['cpu']}, {machine['cores']} cores, {machine['torch_threads']} torch threads, "
+        f"kernels for {machine['capability']} ({features}). Which kernel is fastest, and so these shares, "
+        "differ from one CPU to another.\n\n"
+    )
+
+
 def bench_pages() -> dict[str, str]:
     """``reference/bench.md`` (and its chart when results exist)."""
     out = [HEADER, "# Benchmark results {#bench}\n\n"]
@@ -156,6 +170,7 @@ def bench_pages() -> dict[str, str]:
         "repetitions, min and max in brackets. A speedup above 1 means minisgl is faster. Prefill is shown as a "
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time.\n\n"
+        f"{_machine(data.get('machine'))}"
         "Machine peaks: the matmul peaks are the fastest repetition of MKL's matmul or oneDNN's prepacked "
         "linear, the better of a measurement before and after the run: float32 "
         f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 "
@@ -177,13 +192,13 @@ def bench_pages() -> dict[str, str]:
             "every linear layer and the LM head of the loaded model, with minisgl's own prepacked weights and "
             "kernels, on the batch's rows, timed between the repetitions (the fastest of three passes): it is what "
             "oneDNN's kernels need to stream the weights, and its read rate is how close those kernels come to the "
-            "measured bandwidth; their FLOP rate (the batch's rows only: below four rows the kernel "
-            "runs four, padded), against the matmul peak, shows when a larger batch makes them bound by compute "
-            "instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
+            "measured bandwidth; their FLOP rate (the batch's rows only: on CPUs with AMX, below four rows the "
+            "kernel runs four, padded), against the matmul peak, shows when a larger batch makes them bound by "
+            "compute instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
             "kernel), norms, RoPE, sampling and framework time. For the compiled engine it is approximate at "
             "batches over four, whose linears are Inductor's packing of the same oneDNN kernels, and "
-            "understated at four or fewer, where autotuning may pick Inductor's own C++ GEMM template, which streams "
-            "the weights faster than oneDNN. A step can only reach the floor "
+            "understated at four or fewer, where autotuning may pick Inductor's own C++ GEMM template, which can "
+            "stream the weights faster than oneDNN. A step can only reach the floor "
             "if both gaps close: the kernels' read rate and the rest.\n\n"
         )
         out += _decode_breakdown(rows, peaks)

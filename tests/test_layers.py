@@ -11,6 +11,7 @@ import torch
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
+from minisgl.layers import linear
 from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.layernorm import RMSNorm
 
@@ -41,3 +42,19 @@ def test_silu_and_mul_matches_hf(dtype):
     gate_up = torch.randn(5, 2 * 64, dtype=dtype)
     gate, up = gate_up.clone().chunk(2, dim=-1)
     assert torch.equal(SiluAndMul()(gate_up), ACT2FN["silu"](gate) * up)
+
+
+@pytest.mark.parametrize("padded_rows", [1, 4], ids=["unpadded", "padded-to-4"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_apply_linear_on_prepacked_weight_matches_plain_linear(monkeypatch, padded_rows, dtype):
+    """Both choices of MIN_PACKED_ROWS (4 on AMX CPUs, 1 elsewhere), every row count around it: the packed
+    kernel, padded or not, returns exactly the input's rows with the plain layer's values."""
+    monkeypatch.setattr(linear, "MIN_PACKED_ROWS", padded_rows)
+    weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
+    packed = linear.prepack_weight(weight)
+    for rows in range(1, 6):
+        x = torch.randn(rows, 40).to(dtype)
+        out = linear.apply_linear(x, packed, bias)
+        ref = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
+        assert out.shape == (rows, 48) and out.dtype == dtype
+        torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)

@@ -11,6 +11,7 @@ import torch
 
 from minisgl.bench_one_batch import decode, extend
 from minisgl.layers.linear import MIN_PACKED_ROWS
+from minisgl.model_executor import cpu_graph_runner
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from tests.test_hf_equality import PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
 
@@ -52,8 +53,9 @@ def compiled(request):
     ids=["batch3", "batch1", "batch6", "batch3-one-length"],
 )
 def test_compiled_matches_hf(compiled, prompts):
-    """Batches of 1 and 3 run padded to 4 rows in decode, in the graph tuned for that shape; 6 run unpadded in
-    the general graph; prompts of one length extend in one attention call: all must equal HF."""
+    """Batches of up to MIN_PACKED_ROWS (1 and 3 with AMX, 1 elsewhere) decode padded to that many rows, in the
+    graph tuned for that shape; the others (6 always) run unpadded in the general graph; prompts of one length
+    extend in one attention call: all must equal HF."""
     path, runner, calls = compiled
     before = dict(calls)
     logits, tokens = run_greedy(runner, prompts, steps=STEPS)
@@ -69,13 +71,17 @@ def test_compiled_matches_hf(compiled, prompts):
     assert tokens == [hf_greedy(hf, p, STEPS) for p in prompts]
 
 
-def test_small_decode_graph_logits_match_hf(compiled):
+@pytest.mark.parametrize("padded_rows", [4, 1], ids=["padded-to-4", "unpadded"])
+def test_small_decode_graph_logits_match_hf(compiled, monkeypatch, padded_rows):
     """The autotuned graph's own kernels (Inductor's C++ GEMM template where it wins the timing) against HF's
-    logits at every decode step, not only the greedy tokens."""
+    logits at every decode step, not only the greedy tokens: three requests padded to four rows (CPUs with
+    AMX) and one request unpadded (elsewhere), both on any CPU."""
+    monkeypatch.setattr(cpu_graph_runner, "MIN_PACKED_ROWS", padded_rows)
+    prompts = PROMPTS if padded_rows > 1 else PROMPTS[:1]
     path, runner, calls = compiled
     before = calls["small_decode"]
-    next_ids, _, batch = extend(make_reqs(PROMPTS), runner)
-    sequences = [list(p) + [t] for p, t in zip(PROMPTS, next_ids.tolist())]
+    next_ids, _, batch = extend(make_reqs(prompts), runner)
+    sequences = [list(p) + [t] for p, t in zip(prompts, next_ids.tolist())]
     hf = hf_model(path)
     for _ in range(3):
         next_ids, logits = decode(next_ids, batch, runner)
@@ -87,8 +93,8 @@ def test_small_decode_graph_logits_match_hf(compiled):
     runner.req_to_token_pool.clear()
     runner.token_to_kv_pool_allocator.clear()
     assert calls["small_decode"] == before + 3
-    # Padded to four rows for the linears, but only the three requests attend: the padding row scans no sequence.
-    assert runner.attn_backend.forward_metadata.kv_indices.shape[0] == len(PROMPTS) < MIN_PACKED_ROWS
+    # Padded to four rows for the linears, but only the real requests attend: a padding row scans no sequence.
+    assert runner.attn_backend.forward_metadata.kv_indices.shape[0] == len(prompts) <= padded_rows
 
 
 def test_decode_over_max_bs_runs_eagerly(tiny_llama):
@@ -103,7 +109,7 @@ def test_decode_over_max_bs_runs_eagerly(tiny_llama):
 def test_compiled_bfloat16_close_to_hf(tiny_llama):
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1, "small_decode": 1}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= MIN_PACKED_ROWS)}
     hf = hf_model(tiny_llama, dtype=torch.bfloat16)
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS]).float()
@@ -117,7 +123,7 @@ def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):
     second, calls = compiled_runner(tiny_llama, load_format="dummy", random_seed=7)
     run_greedy(first, PROMPTS, steps=2)
     logits, tokens = run_greedy(second, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1, "small_decode": 1}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= MIN_PACKED_ROWS)}
     ref_logits, ref_tokens = run_greedy(make_runner(tiny_llama, load_format="dummy", random_seed=7), PROMPTS, 2)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens

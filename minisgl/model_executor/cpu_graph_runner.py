@@ -8,17 +8,17 @@ a single request's extend are traced into the graph too, K/V write included; the
 several requests runs as one opaque custom op per layer (``minisgl::unified_attention``), which finds its
 batch through the forward context.
 
-One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also makes
-Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed GEMM,
-is ~2.5x slower at decode). On CPU, decode batches of fewer than four requests are padded to four, as
-``apply_linear`` pads its input eagerly (see ``prepare_replay``), and those four-row decodes run a second
-graph, compiled with max-autotune for that one shape (see ``__init__``). The first forward of each graph
-compiles (about two minutes on two cores for SmolLM2's extend and small decode; later processes reuse
-Inductor's on-disk cache); extends of one request and of several compile separate graphs, as dynamo
-specializes a dimension of size 1, and so do small decodes of one request and of two or three (the rows
-that attend). Each graph freezes its own packed copy of the weights, beside the
-module's plain ones that eager batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a
-batch-1 decode, 3.6 with the general decode graph too).
+One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also
+makes Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed
+GEMM, is ~2.5x slower at decode). On CPU, decode batches of fewer than ``MIN_PACKED_ROWS`` requests are padded
+to that many rows, as ``apply_linear`` pads its input eagerly (four on CPUs with AMX, one, so no padding,
+elsewhere; see ``prepare_replay``), and decodes of that many rows run a second graph, compiled with
+max-autotune for that one shape (see ``__init__``). The first forward of each graph compiles (about two
+minutes on two cores for SmolLM2's extend and small decode; later processes reuse Inductor's on-disk cache);
+extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
+and so do padded small decodes of one request and of two or three (the rows that attend). Each graph freezes
+its own packed copy of the weights, beside the module's plain ones that eager batches use (SmolLM2 float32:
+1.2 GB RSS loaded, 2.7 after an extend and a batch-1 decode, 3.6 with the general decode graph too).
 
 SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
 to the next captured size the same way; prefill stays eager there. Its CUDA counterpart captures CUDA
@@ -86,13 +86,16 @@ class CPUGraphRunner:
         self.attention_layers = sorted(layers, key=lambda layer: layer.layer_id)
         options = {"guard_filter_fn": keep_weight_identity_guards}
         self.compiled_forward = torch.compile(model_runner.model.forward, dynamic=True, options=options)
-        # Decode batches of up to MIN_PACKED_ROWS requests all run as MIN_PACKED_ROWS padded rows, one shape that
-        # gets its own graph tuned for it: max-autotune times Inductor's C++ GEMM template against the ATen
+        # Decode batches of up to MIN_PACKED_ROWS requests all run as that many padded rows, one shape that gets
+        # its own graph tuned for it: max-autotune times Inductor's C++ GEMM template against the ATen
         # kernel for each linear and keeps the faster. At these rows the template streams the weights at the
-        # machine's read bandwidth, where oneDNN reaches about three quarters of it (SmolLM2 float32 batch 1:
-        # 33.6 -> 24.2 ms/step). Tuned for four rows, it is slower at 8 and 32, so larger batches keep the
-        # general graph. The tuning adds about a minute to the first small decode's compile (SmolLM2, 2 cores).
-        # On CUDA nothing is padded, and every decode runs the general graph.
+        # machine's read bandwidth, where oneDNN reaches about three quarters of it (SmolLM2 float32 batch 1,
+        # Xeon with AMX, four rows: 33.6 -> 24.2 ms/step). Tuned for four rows, it is slower at 8 and 32, so
+        # larger batches keep the general graph. Where MIN_PACKED_ROWS is 1 (no AMX), only batch-1 decodes run it,
+        # unpadded: padded to four they were slower (AMD Zen 5, SmolLM2 float32, in-process A/B in the VM's
+        # fast phase: 11.1 -> 9.2 ms/step; equal in its slow phase). The tuning adds about a minute to the first
+        # small decode's compile (SmolLM2, 2 cores). On CUDA nothing is padded, and every decode runs the general
+        # graph.
         self.compiled_small_decode = self.compiled_forward
         if self.device.type == "cpu":
             autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
