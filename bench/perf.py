@@ -72,13 +72,16 @@ def machine_peaks(reps: int = 5) -> dict:
 def read_bandwidth(reps: int = 3) -> float:
     """Memory read bandwidth now: a 1 GiB matrix read by three kernels, the fastest kernel's median pass.
 
-    Which kernel streams fastest depends on the CPU (here MKL's sgemv ~19 GB/s, oneDNN's packed GEMV at decode's
-    four rows ~21-34, a plain sum ~24-46). This shared VM's bandwidth drifts between phases of seconds to
-    minutes, so ``main`` samples it before, between and after the rows and uses the median: one sample taken in
-    a fast phase would set a floor that the decode steps, run in other phases, never had. Allocated per call, so
+    Which kernel streams fastest depends on the CPU (Xeon VM: MKL's sgemv ~19 GB/s, oneDNN's packed GEMV at four
+    rows ~21-34, a plain sum ~24-46; AMD EPYC VM: sgemv ~33, oneDNN and the sum alike). A shared VM's bandwidth
+    changes between phases of seconds to minutes (the Xeon VM's drifted; the EPYC VM's jumps between ~50 and ~80
+    GB/s with two threads, ~41 with one), so ``main`` samples it right before every engine's run of every row
+    and each row's floor uses the median of its own samples: a floor from a run-wide median was one that rows
+    run in the other phase never had (an EPYC run's fast-phase row reached 113% of it). Allocated per call, so
     that the engines do not run beside 2 GiB they never use.
     """
-    matrix, vector, rows = torch.randn(16384, 16384), torch.randn(16384), torch.randn(4, 16384)
+    # filled, not random: the values do not change the read time, and randn of 1 GiB takes seconds per sample
+    matrix, vector, rows = torch.full((16384, 16384), 0.5), torch.randn(16384), torch.randn(4, 16384)
     packed = prepack_weight(matrix)
     readers = (lambda: torch.mv(matrix, vector), lambda: apply_linear(rows, packed), matrix.sum)
     return matrix.numel() * 4 / min(statistics.median(run_times(read, reps)) for read in readers)
@@ -227,9 +230,10 @@ def main() -> None:
             for b, i, o in workloads:
                 for run in runs.values():
                     run(b, i, min(o, 4), vocab)  # warm-up (and compile), as the bench does
-                samples, linears = {engine: [] for engine in runs}, []
+                samples, linears, row_bandwidths = {engine: [] for engine in runs}, [], []
                 for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
                     for engine, run in runs.items():
+                        row_bandwidths.append(read_bandwidth())  # the bandwidth this run is about to have
                         samples[engine].append(run(b, i, o, vocab))
                     if model_runner is not None:
                         linears.append(decode_linears_time(model_runner, b))
@@ -240,11 +244,13 @@ def main() -> None:
                 if linears:
                     row["decode_linears_s"] = summarize(linears)
                 row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(hf, b, i), decode_bytes(hf)
+                row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
+                row["read_bandwidth_samples"] = row_bandwidths
+                bandwidths += row_bandwidths
                 add_speedups(row)
                 rows.append(row)
                 speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
                 print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
-                bandwidths.append(read_bandwidth())
             del runs, hf, model_runner
     # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
     after = machine_peaks()
@@ -268,8 +274,9 @@ def add_speedups(row: dict) -> None:
 
 
 def add_roofline_shares(row: dict, peaks: dict) -> None:
-    """Prefill as a share of the matmul peak; decode as the bandwidth floor's share of the step time."""
-    floor = row["decode_bytes"] / peaks["read_bandwidth_bytes"]
+    """Prefill as a share of the matmul peak; decode as the bandwidth floor's share of the step time, the floor
+    at the row's own bandwidth (the median of the samples taken right before each of its runs)."""
+    floor = row["decode_bytes"] / row["read_bandwidth_bytes"]
     for engine in (e for e in ENGINES if f"{e}_prefill_s" in row):
         prefill_rate = row["prefill_flops"] / row[f"{engine}_prefill_s"]["median"]
         row[f"{engine}_prefill_peak_share"] = prefill_rate / peaks[f"matmul_{row['dtype']}_flops"]
@@ -285,7 +292,8 @@ def add_roofline_shares(row: dict, peaks: dict) -> None:
 def print_table(rows, peaks) -> None:
     table = Table(title=(f"matmul peak fp32 {peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, "
                          f"bf16 {peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s; "
-                         f"read bandwidth {peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s"))  # fmt: skip
+                         f"read bandwidth {peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s (median; each row's floor uses "
+                         "its own samples)"))  # fmt: skip
     engines = [e for e in ENGINES if rows and f"{e}_prefill_s" in rows[0]]
     speedups = [key for key in ("prefill_speedup", "compiled_prefill_speedup", "decode_speedup",
                                 "compiled_decode_speedup") if rows and key in rows[0]]  # fmt: skip

@@ -82,9 +82,10 @@ def _targets(rows: list[dict]) -> list[str]:
 def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
     """Each row's decode step split into the weight reads alone (``decode_linears_s``) and everything else."""
     engines = [e for e in _engines(rows) if e != "hf"]
-    head = ("| model | dtype | batch, input, output | floor ms | linears alone ms | their read rate | their FLOP rate "
+    head = ("| model | dtype | batch, input, output | row's bandwidth GB/s | floor ms | linears alone ms "
+            + "| their read rate | their FLOP rate "
             + "".join(f"| {ENGINES[e][0]} step ms (rest) " for e in engines)
-            + "|\n|" + "---|" * (7 + len(engines)) + "\n")  # fmt: skip
+            + "|\n|" + "---|" * (8 + len(engines)) + "\n")  # fmt: skip
     out = [head]
     for r in rows:
         linears = r["decode_linears_s"]["median"]
@@ -92,8 +93,9 @@ def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
         peak = peaks[f"matmul_{r['dtype']}_flops"]
         cells = [
             r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}",
-            f"{r['decode_bytes'] / peaks['read_bandwidth_bytes'] * 1e3:.1f}", f"{linears * 1e3:.1f}",
-            f"{rate / 1e9:.1f} GB/s ({rate / peaks['read_bandwidth_bytes']:.0%})",
+            f"{r['read_bandwidth_bytes'] / 1e9:.0f}",
+            f"{r['decode_bytes'] / r['read_bandwidth_bytes'] * 1e3:.1f}", f"{linears * 1e3:.1f}",
+            f"{rate / 1e9:.1f} GB/s ({rate / r['read_bandwidth_bytes']:.0%})",
             f"{flops / 1e9:.0f} GFLOP/s ({flops / peak:.0%})",
         ]  # fmt: skip
         for e in engines:
@@ -174,9 +176,10 @@ def bench_pages() -> dict[str, str]:
         "Machine peaks: the matmul peaks are the fastest repetition of MKL's matmul or oneDNN's prepacked "
         "linear, the better of a measurement before and after the run: float32 "
         f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 "
-        f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s. The read bandwidth is the median of samples taken "
-        "before, between the rows and after (this VM's bandwidth drifts in phases), each the fastest of three "
-        "readers of a 1 GiB matrix (`torch.mv`, oneDNN's prepacked linear at four rows, a plain sum): "
+        f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s. The read bandwidth is sampled right before every "
+        "engine's run of every row, each sample the fastest of three readers of a 1 GiB matrix (`torch.mv`, "
+        "oneDNN's prepacked linear at four rows, a plain sum); this VM's bandwidth changes in phases, so each "
+        "row's floor uses the median of its own samples (shown in the decode breakdown below). All samples: "
         f"{_bandwidth(peaks)}.\n\n"
         "![minisgl / HF speedups](bench-chart.svg)\n\nHatched bars: slower than HF.\n\n"
     )
@@ -188,7 +191,7 @@ def bench_pages() -> dict[str, str]:
     if "decode_linears_s" in rows[0]:
         out.append(
             "\n## Where a decode step goes\n\n"
-            "The floor is the time to read the step's weights at the measured bandwidth. *Linears alone* runs "
+            "The floor is the time to read the step's weights at the row's measured bandwidth. *Linears alone* runs "
             "every linear layer and the LM head of the loaded model, with minisgl's own prepacked weights and "
             "kernels, on the batch's rows, timed between the repetitions (the fastest of three passes): it is what "
             "oneDNN's kernels need to stream the weights, and its read rate is how close those kernels come to the "

@@ -43,3 +43,13 @@ def test_decode_linears_read_the_floor_bytes(perf, model, dtype, request):
     prepacked = prepack_weight(torch.zeros(8, 8, dtype=getattr(torch, dtype))).is_mkldnn
     assert all(weight.is_mkldnn == prepacked for weight, _ in layers)
     perf.decode_linears_time(runner.torch_runner, 2)  # smoke: the inputs fit the weights of every layout
+
+
+def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
+    """A row measured in a slow phase of the VM is held to the bandwidth it had, not the run's median: 400 MB at
+    the row's 40 GB/s is a 10 ms floor, half of a 20 ms step; prefill 0.4 GFLOP in 20 ms is a fifth of 100 GFLOP/s."""
+    row = {"dtype": "float32", "batch": 1, "decode_bytes": 400e6, "prefill_flops": 0.4e9, "read_bandwidth_bytes": 40e9,
+           "minisgl_prefill_s": {"median": 0.020}, "minisgl_decode_s": {"median": 0.020}}  # fmt: skip
+    perf.add_roofline_shares(row, {"read_bandwidth_bytes": 80e9, "matmul_float32_flops": 100e9})
+    assert row["minisgl_decode_floor_share"] == pytest.approx(0.5)
+    assert row["minisgl_prefill_peak_share"] == pytest.approx(0.2)

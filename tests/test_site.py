@@ -188,14 +188,15 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
     from reader.site_bench import _decode_breakdown
 
     row = {"model": "m", "dtype": "float32", "batch": 1, "input": 128, "output": 32, "minisgl_prefill_s": {},
-           "compiled_prefill_s": {}, "decode_bytes": 400e6, "decode_linears_s": {"median": 0.020},
+           "compiled_prefill_s": {}, "decode_bytes": 400e6, "read_bandwidth_bytes": 40e9,
+           "decode_linears_s": {"median": 0.020},
            "decode_linears_read_rate": 400e6 / 0.020,
            "decode_linears_flop_rate": 2 * 1 * 100e6 / 0.020, "minisgl_decode_s": {"median": 0.030},
            "compiled_decode_s": {"median": 0.025}}  # fmt: skip
-    lines = _decode_breakdown([row], {"read_bandwidth_bytes": 40e9, "matmul_float32_flops": 100e9})
+    lines = _decode_breakdown([row], {"read_bandwidth_bytes": 80e9, "matmul_float32_flops": 100e9})
     assert "minisgl step ms (rest)" in lines[0] and "minisgl --enable-torch-compile step ms (rest)" in lines[0]
-    # floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half the bandwidth, and do 2 * 1e8 float32
+    # the row's own bandwidth, not the run's: floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half the bandwidth, and do 2 * 1e8 float32
     # weights * 1 row in 20 ms = 10 GFLOP/s, a tenth of the peak; rest = step - 20 ms
     assert lines[1] == (
-        "| m | float32 | 1, 128, 32 | 10.0 | 20.0 | 20.0 GB/s (50%) | 10 GFLOP/s (10%) | 30.0 (10.0) | 25.0 (5.0) |\n"
+        "| m | float32 | 1, 128, 32 | 40 | 10.0 | 20.0 | 20.0 GB/s (50%) | 10 GFLOP/s (10%) | 30.0 (10.0) | 25.0 (5.0) |\n"
     )
