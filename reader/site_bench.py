@@ -199,8 +199,9 @@ def bench_pages() -> dict[str, str]:
             "kernel runs four, padded), against the matmul peak, shows when a larger batch makes them bound by "
             "compute instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
             "kernel), norms, RoPE, sampling and framework time. For the compiled engine it is approximate at "
-            "batches over four, whose linears are Inductor's packing of the same oneDNN kernels, and "
-            "understated at four or fewer, where autotuning may pick Inductor's own C++ GEMM template, which can "
+            "batches its general graph runs, whose linears are Inductor's packing of the same oneDNN kernels, and "
+            "understated at those its small-decode graph runs (up to four rows with AMX, one elsewhere), where "
+            "autotuning may pick Inductor's own C++ GEMM template, which can "
             "stream the weights faster than oneDNN. A step can only reach the floor "
             "if both gaps close: the kernels' read rate and the rest.\n\n"
         )

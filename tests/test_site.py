@@ -195,8 +195,9 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
            "compiled_decode_s": {"median": 0.025}}  # fmt: skip
     lines = _decode_breakdown([row], {"read_bandwidth_bytes": 80e9, "matmul_float32_flops": 100e9})
     assert "minisgl step ms (rest)" in lines[0] and "minisgl --enable-torch-compile step ms (rest)" in lines[0]
-    # the row's own bandwidth, not the run's: floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half the bandwidth, and do 2 * 1e8 float32
-    # weights * 1 row in 20 ms = 10 GFLOP/s, a tenth of the peak; rest = step - 20 ms
+    # the row's own bandwidth, not the run's: floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half
+    # the bandwidth, and do 2 * 1e8 float32 weights * 1 row in 20 ms = 10 GFLOP/s, a tenth of the peak;
+    # rest = step - 20 ms
     assert lines[1] == (
         "| m | float32 | 1, 128, 32 | 40 | 10.0 | 20.0 | 20.0 GB/s (50%) | 10 GFLOP/s (10%) | 30.0 (10.0) | 25.0 (5.0) |\n"
     )
