@@ -1,8 +1,10 @@
 """TorchNativeAttnBackend's extend paths against a naive causal attention computed request by request in float64.
 
-A batch of requests of one length with no cached prefix attends in one SDPA call on the new k and v; other
+A batch of requests of one length with no cached prefix attends in one call on the new k and v; other
 batches attend request by request, gathering K/V from the pool only for requests with a cached prefix.
-Every path must give the same attention, and the new tokens' K/V must land in the pool.
+Every path must give the same attention, and the new tokens' K/V must land in the pool. In bfloat16, causal
+work of more than one query tile runs ``causal_prefill_attention`` instead of SDPA; the tile is shrunk to 4
+tokens here so that these small batches take that path, over several tiles and a partial last one.
 """
 
 from __future__ import annotations
@@ -45,6 +47,7 @@ def naive_extend_attention(q, k_buffer, v_buffer, slots_per_request, prefix_lens
     ids=["rectangular", "ragged", "prefixed", "one-prefixed"],
 )
 def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, extend_lens, sdpa_calls, monkeypatch):
+    monkeypatch.setattr(backend_module, "_QUERY_TILE", 4)
     gen = torch.Generator().manual_seed(0)
     batch, num_slots = len(extend_lens), 64
     req_to_token_pool = ReqToTokenPool(8, 32, torch.device("cpu"))
@@ -74,10 +77,11 @@ def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, ext
         out_cache_loc=torch.tensor(new_slots),
     )
     calls = []
-    sdpa = backend_module.F.scaled_dot_product_attention
+    sdpa, blocked = backend_module.F.scaled_dot_product_attention, backend_module.causal_prefill_attention
     monkeypatch.setattr(
-        backend_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append(1) or sdpa(*a, **kw)
+        backend_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append("sdpa") or sdpa(*a, **kw)
     )
+    monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append("tiles") or blocked(*a))
     backend = backend_module.TorchNativeAttnBackend()
     layer = RadixAttention(heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
     backend.init_forward_metadata(forward_batch)
@@ -89,7 +93,36 @@ def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, ext
     )  # fmt: skip
     assert out.dtype == dtype and out.shape == (tokens, heads * HEAD_DIM)
     assert len(calls) == sdpa_calls  # one call for a rectangular batch, else one per request
+    # Work with a prefix (a mask) or within one tile stays on SDPA; longer causal bfloat16 work takes the tiles.
+    work = [(any(prefix_lens), tokens)] if sdpa_calls == 1 else list(zip(prefix_lens, extend_lens))
+    assert calls == ["tiles" if dtype == torch.bfloat16 and not p and n > 4 else "sdpa" for p, n in work]
     slots = forward_batch.out_cache_loc
     assert torch.equal(pool.k_buffer[0][slots], k) and torch.equal(pool.v_buffer[0][slots], v)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
     torch.testing.assert_close(out.double().view(tokens, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, monkeypatch):
+    """Tiles of 4 queries, and one (request, KV head) pair per block of scores: every block boundary is crossed,
+    eagerly and inside a compiled graph, and the matmul precision setting it borrows is given back."""
+    monkeypatch.setattr(backend_module, "_QUERY_TILE", 4)
+    monkeypatch.setattr(backend_module, "_SCORE_BLOCK_BYTES", 1)
+    gen = torch.Generator().manual_seed(0)
+    requests, tokens, scale = 2, 11, HEAD_DIM**-0.5
+    q = torch.randn(requests, tokens, heads, HEAD_DIM, generator=gen).to(torch.bfloat16)
+    k, v = (torch.randn(requests, tokens, kv_heads, HEAD_DIM, generator=gen).to(torch.bfloat16) for _ in range(2))
+    precision = torch.backends.mkldnn.matmul.fp32_precision
+
+    out = backend_module.causal_prefill_attention(q, k, v, scale)
+
+    assert torch.backends.mkldnn.matmul.fp32_precision == precision
+    slots = [list(range(r * tokens, (r + 1) * tokens)) for r in range(requests)]
+    expected = naive_extend_attention(
+        q.view(-1, heads, HEAD_DIM), k.view(-1, kv_heads, HEAD_DIM), v.view(-1, kv_heads, HEAD_DIM), slots,
+        [0] * requests, heads // kv_heads, scale,
+    )  # fmt: skip
+    assert out.dtype == torch.bfloat16 and out.shape == q.shape
+    torch.testing.assert_close(out.double().view(-1, heads, HEAD_DIM), expected, atol=2e-2, rtol=2e-2)
+    compiled = torch.compile(lambda q, k, v: backend_module.causal_prefill_attention(q, k, v, scale), fullgraph=True)
+    assert torch.equal(compiled(q, k, v), out)
