@@ -10,6 +10,7 @@ from minisgl.bench_one_batch import decode, extend
 from minisgl.configs.model_config import ModelConfig
 from minisgl.managers.schedule_batch import Req
 from minisgl.model_executor.model_runner import ModelRunner
+from minisgl.models import llama
 from minisgl.sampling.sampling_params import SamplingParams
 from minisgl.server_args import ServerArgs
 from minisgl.utils.hf_transformers_utils import get_config
@@ -53,9 +54,13 @@ def model_path(request):
     return request.getfixturevalue(request.param)
 
 
+@pytest.mark.parametrize("mlp_blocks", [False, True], ids=["mlp-whole", "mlp-in-row-blocks"])
 @pytest.mark.parametrize("prompts", [PROMPTS, [p[:3] for p in PROMPTS]], ids=["lengths-differ", "one-length"])
-def test_prefill_logits_match_hf(model_path, prompts):
-    """Prompts of one length attend in one call per layer; prompts of different lengths, request by request."""
+def test_prefill_logits_match_hf(model_path, prompts, mlp_blocks, monkeypatch):
+    """Prompts of one length attend in one call per layer; prompts of different lengths, request by request.
+    With a one-byte MLP block budget, a prefill's MLP runs one row at a time, as a long CPU prefill's does."""
+    if mlp_blocks:
+        monkeypatch.setattr(llama, "_MLP_BLOCK_BYTES", 1)
     logits, _ = run_greedy(make_runner(model_path), prompts, steps=1)
     hf = hf_model(model_path)
     with torch.no_grad():

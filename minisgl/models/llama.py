@@ -31,6 +31,9 @@ from minisgl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParalle
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.utils.common import InputError
 
+# gate_up output per block of a long eager CPU prefill's rows: with the SiLU product, inside a 32 MiB L3.
+_MLP_BLOCK_BYTES = 16 << 20
+
 
 class LlamaMLP(nn.Module):
     def __init__(self, hidden_size: int, intermediate_size: int):
@@ -38,9 +41,18 @@ class LlamaMLP(nn.Module):
         self.gate_up_proj = MergedColumnParallelLinear(hidden_size, [intermediate_size] * 2)
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size)
         self.act_fn = SiluAndMul()
+        self.gate_up_size = 2 * intermediate_size // get_tensor_model_parallel_world_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        block_rows = max(1, _MLP_BLOCK_BYTES // (self.gate_up_size * x.element_size()))
+        if x.shape[0] <= block_rows or x.device.type != "cpu" or torch.compiler.is_compiling():
+            return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        # Block by block, the MLP's widest activations stay in cache between the GEMM that writes them and the
+        # one that reads them, instead of going out to memory and back (eager prefill at 32x256 on an AMD EPYC,
+        # in-process A/B, ms, two runs where given: SmolLM2 float32 6015 -> 5461, 7036 -> 5889; bfloat16
+        # 3468 -> 3429, 3554 -> 3245; dummy134 float32 4751 -> 4488, bfloat16 2874 -> 2514). SGLang bounds a
+        # whole prefill's size instead, with --chunked-prefill-size.
+        return torch.cat([self.down_proj(self.act_fn(self.gate_up_proj(block))) for block in x.split(block_rows)])
 
 
 class LlamaAttention(nn.Module):
