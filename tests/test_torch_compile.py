@@ -13,6 +13,7 @@ from minisgl.bench_one_batch import decode, extend
 from minisgl.layers.linear import MIN_PACKED_ROWS
 from minisgl.model_executor import cpu_graph_runner
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
+from minisgl.models import llama
 from tests.test_hf_equality import PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
 
 
@@ -69,6 +70,22 @@ def test_compiled_matches_hf(compiled, prompts):
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts])
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
     assert tokens == [hf_greedy(hf, p, STEPS) for p in prompts]
+
+
+def test_compiled_prefill_with_mlp_in_blocks_matches_hf(compiled, monkeypatch):
+    """A one-byte MLP block budget sends every extend down the long-prefill path: inside the compiled graph,
+    each layer's MLP runs as a fixed number of row blocks, some empty here (8 blocks of 23 tokens)."""
+    path, runner, calls = compiled
+    monkeypatch.setattr(llama, "_MLP_BLOCK_BYTES", 1)
+    before = calls["extend"]
+    logits, _ = run_greedy(runner, PROMPTS, steps=1)
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    assert calls["extend"] == before + 1
+    hf = hf_model(path)
+    with torch.no_grad():
+        ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS])
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("padded_rows", [4, 1], ids=["padded-to-4", "unpadded"])

@@ -31,8 +31,11 @@ from minisgl.layers.vocab_parallel_embedding import ParallelLMHead, VocabParalle
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.utils.common import InputError
 
-# gate_up output per block of a long eager CPU prefill's rows: with the SiLU product, inside a 32 MiB L3.
+# gate_up output per block of a long CPU prefill's rows: with the SiLU product, inside a 32 MiB L3.
 _MLP_BLOCK_BYTES = 16 << 20
+# Blocks of a long prefill inside a compiled graph: a fixed count keeps one graph for every length, where a count
+# that follows the length would recompile at each new count.
+_COMPILED_MLP_BLOCKS = 8
 
 
 class LlamaMLP(nn.Module):
@@ -45,14 +48,16 @@ class LlamaMLP(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         block_rows = max(1, _MLP_BLOCK_BYTES // (self.gate_up_size * x.element_size()))
-        if x.shape[0] <= block_rows or x.device.type != "cpu" or torch.compiler.is_compiling():
+        if x.shape[0] <= block_rows or x.device.type != "cpu":
             return self.down_proj(self.act_fn(self.gate_up_proj(x)))
         # Block by block, the MLP's widest activations stay in cache between the GEMM that writes them and the
-        # one that reads them, instead of going out to memory and back (eager prefill at 32x256 on an AMD EPYC,
-        # in-process A/B, ms, two runs where given: SmolLM2 float32 6015 -> 5461, 7036 -> 5889; bfloat16
-        # 3468 -> 3429, 3554 -> 3245; dummy134 float32 4751 -> 4488, bfloat16 2874 -> 2514). SGLang bounds a
+        # one that reads them, instead of going out to memory and back. 32x256 prefill on an AMD EPYC, in-process
+        # A/B, ms (two runs where given). Eager: SmolLM2 float32 6015 -> 5461, 7036 -> 5889; bfloat16
+        # 3468 -> 3429, 3554 -> 3245; dummy134 float32 4751 -> 4488, bfloat16 2874 -> 2514. Compiled, 8 blocks:
+        # SmolLM2 float32 6276 -> 4883, bfloat16 3151 -> 2979; dummy134 bfloat16 2253 -> 2010. SGLang bounds a
         # whole prefill's size instead, with --chunked-prefill-size.
-        return torch.cat([self.down_proj(self.act_fn(self.gate_up_proj(block))) for block in x.split(block_rows)])
+        blocks = _COMPILED_MLP_BLOCKS if torch.compiler.is_compiling() else -(-x.shape[0] // block_rows)
+        return torch.cat([self.down_proj(self.act_fn(self.gate_up_proj(block))) for block in x.tensor_split(blocks)])
 
 
 class LlamaAttention(nn.Module):
