@@ -123,9 +123,10 @@ def _find(node, qname):
     return next(n for n in node.walk() if n.qname == qname and not n.marker)
 
 
-def test_static_chain_edges_execute(tiny_llama):
+def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     import torch
 
+    import minisgl.layers.attention.torch_native_backend as backend_module
     from minisgl.bench_one_batch import decode, extend
     from minisgl.managers.schedule_batch import Req
     from minisgl.sampling.sampling_params import SamplingParams
@@ -146,7 +147,9 @@ def test_static_chain_edges_execute(tiny_llama):
             reqs.append(req)
         return reqs
 
-    # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit K/V.
+    # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit K/V, and a bfloat16
+    # extend of more than one query tile (2 tokens here) attends through causal_prefill_attention.
+    monkeypatch.setattr(backend_module, "_QUERY_TILE", 2)
     runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
     executed: set[tuple[str, str]] = set()
 
