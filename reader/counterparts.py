@@ -245,8 +245,8 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "TorchNativeAttnBackend._run_sdpa_forward_extend",
         "sglang/srt/layers/attention/torch_native_backend.py",
     ),
-    # One SDPA call over a batch whose requests have no cached prefix (and one length) reads their new k and v
-    # directly, as FlashInfer's ragged prefill does when extend_no_prefix.
+    # One attention call over a batch whose requests have no cached prefix (and one length) reads their new k and
+    # v directly, as FlashInfer's ragged prefill does when extend_no_prefix.
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._attend": (
         "FlashInferAttnBackend.forward_extend",
         "sglang/srt/layers/attention/flashinfer_backend.py",

@@ -42,12 +42,13 @@ def naive_extend_attention(q, k_buffer, v_buffer, slots_per_request, prefix_lens
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize(
-    "prefix_lens,extend_lens,sdpa_calls",
+    "prefix_lens,extend_lens,attention_calls",
     [([0, 0, 0], [6, 6, 6], 1), ([0, 0, 0], [5, 9, 1], 3), ([0, 4, 2], [5, 3, 6], 3), ([3], [4], 1)],
     ids=["rectangular", "ragged", "prefixed", "one-prefixed"],
 )
-def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, extend_lens, sdpa_calls, monkeypatch):
+def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, extend_lens, attention_calls, monkeypatch):
     monkeypatch.setattr(backend_module, "_QUERY_TILE", 4)
+    monkeypatch.setattr(backend_module, "USE_TILED_PREFILL_ATTENTION", True)  # whatever this CPU would choose
     gen = torch.Generator().manual_seed(0)
     batch, num_slots = len(extend_lens), 64
     req_to_token_pool = ReqToTokenPool(8, 32, torch.device("cpu"))
@@ -77,11 +78,11 @@ def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, ext
         out_cache_loc=torch.tensor(new_slots),
     )
     calls = []
-    sdpa, blocked = backend_module.F.scaled_dot_product_attention, backend_module.causal_prefill_attention
+    sdpa, tiled = backend_module.F.scaled_dot_product_attention, backend_module.causal_prefill_attention
     monkeypatch.setattr(
         backend_module.F, "scaled_dot_product_attention", lambda *a, **kw: calls.append("sdpa") or sdpa(*a, **kw)
     )
-    monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append("tiles") or blocked(*a))
+    monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append("tiles") or tiled(*a))
     backend = backend_module.TorchNativeAttnBackend()
     layer = RadixAttention(heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
     backend.init_forward_metadata(forward_batch)
@@ -92,9 +93,9 @@ def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, ext
         heads // kv_heads, layer.scaling,
     )  # fmt: skip
     assert out.dtype == dtype and out.shape == (tokens, heads * HEAD_DIM)
-    assert len(calls) == sdpa_calls  # one call for a rectangular batch, else one per request
+    assert len(calls) == attention_calls  # one call for a rectangular batch, else one per request
     # Work with a prefix (a mask) or within one tile stays on SDPA; longer causal bfloat16 work takes the tiles.
-    work = [(any(prefix_lens), tokens)] if sdpa_calls == 1 else list(zip(prefix_lens, extend_lens))
+    work = [(any(prefix_lens), tokens)] if attention_calls == 1 else list(zip(prefix_lens, extend_lens))
     assert calls == ["tiles" if dtype == torch.bfloat16 and not p and n > 4 else "sdpa" for p, n in work]
     slots = forward_batch.out_cache_loc
     assert torch.equal(pool.k_buffer[0][slots], k) and torch.equal(pool.v_buffer[0][slots], v)
@@ -102,14 +103,17 @@ def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, ext
     torch.testing.assert_close(out.double().view(tokens, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("pairs_per_block", [1, 3])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
-def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, monkeypatch):
-    """Tiles of 4 queries, and one (request, KV head) pair per block of scores: every block boundary is crossed,
-    eagerly and inside a compiled graph, and the matmul precision setting it borrows is given back."""
-    monkeypatch.setattr(backend_module, "_QUERY_TILE", 4)
-    monkeypatch.setattr(backend_module, "_SCORE_BLOCK_BYTES", 1)
+def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, pairs_per_block, monkeypatch):
+    """Tiles of 4 queries (the last one partial), and 1 or 3 (request, KV head) pairs per block of scores (the
+    last block short): every boundary is crossed, eagerly and inside a compiled graph, and the matmul precision
+    setting the op borrows is given back."""
+    tokens, tile = 11, 4
+    monkeypatch.setattr(backend_module, "_QUERY_TILE", tile)
+    monkeypatch.setattr(backend_module, "_SCORE_BLOCK_BYTES", pairs_per_block * tile * heads // kv_heads * tokens * 4)
     gen = torch.Generator().manual_seed(0)
-    requests, tokens, scale = 2, 11, HEAD_DIM**-0.5
+    requests, scale = 2, HEAD_DIM**-0.5
     q = torch.randn(requests, tokens, heads, HEAD_DIM, generator=gen).to(torch.bfloat16)
     k, v = (torch.randn(requests, tokens, kv_heads, HEAD_DIM, generator=gen).to(torch.bfloat16) for _ in range(2))
     precision = torch.backends.mkldnn.matmul.fp32_precision

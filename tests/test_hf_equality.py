@@ -6,6 +6,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import minisgl.layers.attention.torch_native_backend as backend_module
 from minisgl.bench_one_batch import decode, extend
 from minisgl.configs.model_config import ModelConfig
 from minisgl.managers.schedule_batch import Req
@@ -104,8 +105,13 @@ LONG_PROMPTS = [[(7 * i + 3) % 300 + 1 for i in range(200)], [(11 * i + 5) % 300
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS, LONG_PROMPTS[:1], LONG_PROMPTS], ids=["short", "long", "two-long"])
-def test_bfloat16_close_to_hf(tiny_llama, prompts):
+def test_bfloat16_close_to_hf(tiny_llama, prompts, monkeypatch):
+    monkeypatch.setattr(backend_module, "USE_TILED_PREFILL_ATTENTION", True)  # whatever this CPU would choose
+    tiled, calls = backend_module.causal_prefill_attention, []
+    monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append(1) or tiled(*a))
     logits, _ = run_greedy(make_runner(tiny_llama, dtype=torch.bfloat16), prompts, steps=1)
+    layers = 2  # the tiny Llama's; one tiled call per layer for a long extend
+    assert len(calls) == (layers if prompts is not PROMPTS else 0)
     hf = hf_model(tiny_llama, dtype=torch.bfloat16)
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts]).float()

@@ -58,3 +58,28 @@ def test_apply_linear_on_prepacked_weight_matches_plain_linear(monkeypatch, padd
         ref = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
         assert out.shape == (rows, 48) and out.dtype == dtype
         torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
+
+
+def test_mlp_row_blocks_match_one_block_and_compile_once(monkeypatch):
+    """LlamaMLP's row blocks (even blocks eagerly, a fixed 8 when compiled) give one block's output, and the
+    compiled blocks serve every length past the block size with one graph, whatever the length modulo 8."""
+    from minisgl.models import llama
+
+    torch.manual_seed(0)
+    mlp = llama.LlamaMLP(16, 24)
+    for param in mlp.parameters():
+        param.data.normal_()
+    xs = [torch.randn(n, 16) for n in (23, 26, 31)]
+    whole = [mlp(x) for x in xs]
+    monkeypatch.setattr(llama, "_MLP_BLOCK_BYTES", 1)  # one row per block
+    graphs = []
+
+    def count_graphs(graph_module, example_inputs):
+        graphs.append(graph_module)
+        return graph_module
+
+    compiled = torch.compile(mlp, backend=count_graphs, dynamic=True)
+    for x, expected in zip(xs, whole):
+        torch.testing.assert_close(mlp(x), expected, atol=1e-3, rtol=1e-4)
+        torch.testing.assert_close(compiled(x), expected, atol=1e-3, rtol=1e-4)
+    assert len(graphs) == 1

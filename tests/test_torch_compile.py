@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+import minisgl.layers.attention.torch_native_backend as backend_module
 from minisgl.bench_one_batch import decode, extend
 from minisgl.layers.linear import MIN_PACKED_ROWS
 from minisgl.model_executor import cpu_graph_runner
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.models import llama
-from tests.test_hf_equality import PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
+from tests.test_hf_equality import LONG_PROMPTS, PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
 
 
 def compiled_runner(model_path, **kwargs):
@@ -74,7 +75,7 @@ def test_compiled_matches_hf(compiled, prompts):
 
 def test_compiled_prefill_with_mlp_in_blocks_matches_hf(compiled, monkeypatch):
     """A one-byte MLP block budget sends every extend down the long-prefill path: inside the compiled graph,
-    each layer's MLP runs as a fixed number of row blocks, some empty here (8 blocks of 23 tokens)."""
+    each layer's MLP runs as a fixed number of row blocks (8 blocks of 23 tokens: seven of 2, one of 9)."""
     path, runner, calls = compiled
     monkeypatch.setattr(llama, "_MLP_BLOCK_BYTES", 1)
     before = calls["extend"]
@@ -123,7 +124,8 @@ def test_decode_over_max_bs_runs_eagerly(tiny_llama):
     assert tokens == [hf_greedy(hf, p, 4) for p in PROMPTS]
 
 
-def test_compiled_bfloat16_close_to_hf(tiny_llama):
+def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
+    monkeypatch.setattr(backend_module, "USE_TILED_PREFILL_ATTENTION", True)  # whatever this CPU would choose
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
     assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= MIN_PACKED_ROWS)}
@@ -131,6 +133,14 @@ def test_compiled_bfloat16_close_to_hf(tiny_llama):
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS]).float()
     assert (logits - ref).abs().max() < 0.05 * ref.abs().max()
+    # A 200-token prompt's compiled extend calls the opaque causal_prefill_attention inside its graph.
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    long_logits, _ = run_greedy(runner, LONG_PROMPTS[:1], steps=1)
+    with torch.no_grad():
+        long_ref = hf(torch.tensor(LONG_PROMPTS[:1])).logits[:, -1].float()
+    assert calls["extend"] == 2
+    assert (long_logits - long_ref).abs().max() < 0.05 * long_ref.abs().max()
 
 
 def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):

@@ -56,8 +56,13 @@ class LlamaMLP(nn.Module):
         # 3468 -> 3429, 3554 -> 3245; dummy134 float32 4751 -> 4488, bfloat16 2874 -> 2514. Compiled, 8 blocks:
         # SmolLM2 float32 6276 -> 4883, bfloat16 3151 -> 2979; dummy134 bfloat16 2253 -> 2010. SGLang bounds a
         # whole prefill's size instead, with --chunked-prefill-size.
-        blocks = _COMPILED_MLP_BLOCKS if torch.compiler.is_compiling() else -(-x.shape[0] // block_rows)
-        return torch.cat([self.down_proj(self.act_fn(self.gate_up_proj(block))) for block in x.tensor_split(blocks)])
+        if torch.compiler.is_compiling():
+            # Sizes written out: tensor_split's would guard on the length modulo the count (a graph per remainder).
+            size = x.shape[0] // _COMPILED_MLP_BLOCKS
+            blocks = x.split([size] * (_COMPILED_MLP_BLOCKS - 1) + [x.shape[0] - size * (_COMPILED_MLP_BLOCKS - 1)])
+        else:
+            blocks = x.tensor_split(-(-x.shape[0] // block_rows))
+        return torch.cat([self.down_proj(self.act_fn(self.gate_up_proj(block))) for block in blocks])
 
 
 class LlamaAttention(nn.Module):

@@ -3,7 +3,8 @@
 Extend handles one request at a time, because each has its own prefix and length: its queries attend to
 the cached prefix plus its own new tokens (causal). A request with no cached prefix attends to its new k
 and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (in bfloat16 on
-CPU, one ``causal_prefill_attention`` call: tiles of queries on oneDNN's batched matmul). Decode is
+CPU, past one 128-token tile, such a request or batch attends in one ``causal_prefill_attention`` call instead:
+tiles of queries on oneDNN's batched matmul). Decode is
 batched: each request's K/V are gathered up to the longest sequence (padding masked), the query heads
 sharing a KV head ride along as extra query rows, and one SDPA call serves the batch (on CPU, a block of
 requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
@@ -89,7 +90,24 @@ def fused_decode_attention(
 
 
 _QUERY_TILE = 128  # query tokens per block of causal prefill: keys past the tile's end are never computed
-_SCORE_BLOCK_BYTES = 2 << 20  # float32 scores per batch of (request, KV head) pairs: stays in a core's L2
+_SCORE_BLOCK_BYTES = 2 << 20  # float32 scores per block of (request, KV head) pairs: kept in cache (L2/L3)
+
+
+def _use_tiled_prefill_attention() -> bool:
+    """Whether CPU bfloat16 causal prefill goes to ``causal_prefill_attention`` instead of SDPA.
+
+    Only where it was measured to win: without AMX (SDPA's flash kernel multiplies its blocks with AMX where
+    present), with oneDNN's bfloat16 kernels (AVX512-BF16 or AMX), and with torch's ``fp32_precision`` setting
+    (torch 2.9+), which is what sends a float32 ``bmm`` to oneDNN rather than MKL.
+    """
+    return (
+        not torch.cpu._is_amx_tile_supported()
+        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+        and hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision")
+    )
+
+
+USE_TILED_PREFILL_ATTENTION = _use_tiled_prefill_attention()
 
 
 @torch.library.custom_op("minisgl::causal_prefill_attention", mutates_args=())
@@ -100,49 +118,56 @@ def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     sharing a KV head become its rows, and queries go in tiles of ``_QUERY_TILE`` tokens, each scoring only the
     keys up to its own last token. Without AMX, CPU SDPA's flash kernel multiplies its small blocks at ~70
     GFLOP/s on an AVX-512 CPU; ``bmm`` hands whole tiles to oneDNN (SmolLM2 bfloat16 prefill on an AMD EPYC,
-    eager, in-process A/B, ms: 1x512 246 -> 200, 8x128 382 -> 307, 32x256 3866 -> 3664). Scores stay float32 as
-    in SDPA: the upcast q and k hold exact bfloat16 values, so letting oneDNN multiply them in bfloat16
-    (``fp32_precision``) loses nothing; the probabilities are rounded to bfloat16 for the product with V, as
-    flash kernels do. An opaque op, so a compiled graph calls it as it is. SGLang's CPU backend runs a C++
+    eager, in-process A/B, ms: 1x512 246 -> 200, 8x128 382 -> 307, 32x256 3866 -> 3664). The scores are float32
+    as in SDPA: q and k are upcast to float32, and ``fp32_precision = "bf16"`` routes their float32 ``bmm`` to
+    oneDNN (by default it goes to MKL). oneDNN may then multiply in bfloat16 (it does on AMX CPUs; on this AMD
+    it keeps float32), which loses nothing, since the upcast values are exact bfloat16 ones (the scale goes on q
+    only where that keeps them exact). The probabilities are rounded to bfloat16 for the product with
+    V, as flash kernels do. An opaque op, so a compiled graph calls it as it is. SGLang's CPU backend runs a C++
     kernel instead, ``sgl_kernel``'s ``extend_attention_cpu``, over the paged cache.
     """
     requests, tokens, heads, head_dim = q.shape
     kv_heads = k.shape[2]
-    group, entries = heads // kv_heads, requests * kv_heads
+    group, pairs = heads // kv_heads, requests * kv_heads
     queries = torch.empty(requests, kv_heads, tokens, group, head_dim, dtype=torch.float32, device=q.device)
-    queries.copy_(q.view(requests, tokens, kv_heads, group, head_dim).transpose(1, 2)).mul_(scale)
-    queries = queries.view(entries, tokens * group, head_dim)
+    queries = queries.copy_(q.view(requests, tokens, kv_heads, group, head_dim).transpose(1, 2))
+    queries = queries.view(pairs, tokens * group, head_dim)
+    # A power-of-two scale (head_dim 64: 1/8) keeps q exact in bfloat16, so it goes on q; any other scale goes on
+    # the float32 scores, as oneDNN may round a scaled q to bfloat16 (the extra pass: ~2% of a SmolLM2 prefill).
+    scale_queries = math.frexp(scale)[0] == 0.5
+    if scale_queries:
+        queries.mul_(scale)
     keys = torch.empty(requests, kv_heads, tokens, head_dim, dtype=torch.float32, device=q.device)
-    keys = keys.copy_(k.transpose(1, 2)).view(entries, tokens, head_dim)
-    values = v.transpose(1, 2).reshape(entries, tokens, head_dim)
+    keys = keys.copy_(k.transpose(1, 2)).view(pairs, tokens, head_dim)
+    values = v.transpose(1, 2).reshape(pairs, tokens, head_dim)
     out = torch.empty(requests, kv_heads, tokens, group, head_dim, dtype=q.dtype, device=q.device)
-    flat_out = out.view(entries, tokens * group, head_dim)
+    flat_out = out.view(pairs, tokens * group, head_dim)
     tile = min(_QUERY_TILE, tokens)
     position = torch.arange(tile, device=q.device)
     future = position[None, :] > position.repeat_interleave(group)[:, None]  # row (token t, head j) vs key
     # The causal mask of a diagonal block, added rather than masked_fill'ed: a vectorized add is ~8x faster.
-    causal_bias = torch.zeros(future.shape, device=q.device).masked_fill_(future, float("-inf"))
-    chunk = max(1, _SCORE_BLOCK_BYTES // (tile * group * tokens * 4))
+    causal_bias = torch.zeros(future.shape, dtype=torch.float32, device=q.device).masked_fill_(future, float("-inf"))
+    pairs_per_block = max(1, _SCORE_BLOCK_BYTES // (tile * group * tokens * 4))
     # Scratch for every block, allocated once: the OS page-faults and zeroes each fresh large tensor.
-    scores_buffer = torch.empty(min(chunk, entries) * tile * group * tokens, device=q.device)
+    scores_buffer = torch.empty(min(pairs_per_block, pairs) * tile * group * tokens, device=q.device)
     probs_buffer = torch.empty_like(scores_buffer, dtype=q.dtype)
     precision = torch.backends.mkldnn.matmul.fp32_precision
     torch.backends.mkldnn.matmul.fp32_precision = "bf16"
     try:
-        for first in range(0, entries, chunk):
-            pairs = slice(first, first + chunk)
-            count = min(chunk, entries - first)
+        for block_start in range(0, pairs, pairs_per_block):
+            block = slice(block_start, block_start + pairs_per_block)
+            block_size = min(pairs_per_block, pairs - block_start)
             for start in range(0, tokens, tile):
                 end = min(tokens, start + tile)
                 rows = slice(start * group, end * group)
-                shape = (count, (end - start) * group, end)
+                shape = (block_size, (end - start) * group, end)
                 scores = scores_buffer[: math.prod(shape)].view(shape)
-                torch.bmm(queries[pairs, rows], keys[pairs, :end].transpose(1, 2), out=scores)
+                torch.bmm(queries[block, rows], keys[block, :end].transpose(1, 2), out=scores)
+                if not scale_queries:
+                    scores.mul_(scale)
                 scores[:, :, start:end].add_(causal_bias[: (end - start) * group, : end - start])
-                probs = probs_buffer[: scores.numel()].view(shape)
-                torch.bmm(
-                    probs.copy_(torch.softmax(scores, -1, out=scores)), values[pairs, :end], out=flat_out[pairs, rows]
-                )
+                probs = probs_buffer[: scores.numel()].view(shape).copy_(torch.softmax(scores, -1, out=scores))
+                torch.bmm(probs, values[block, :end], out=flat_out[block, rows])
     finally:
         torch.backends.mkldnn.matmul.fp32_precision = precision
     return out.transpose(1, 2).contiguous().view(q.shape)  # contiguous, as the fake below promises a compiled graph
@@ -150,7 +175,7 @@ def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
 
 @causal_prefill_attention.register_fake
 def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    return torch.empty_like(q)
+    return q.new_empty(q.shape)
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -202,7 +227,7 @@ class TorchNativeAttnBackend(AttentionBackend):
         meta: ExtendMetadata = self.forward_metadata
         q = q.view(-1, layer.tp_q_head_num, layer.head_dim)
         if meta.rectangular:
-            # Requests of one length with nothing cached attend in one SDPA call over [requests, tokens, ...]
+            # Requests of one length with nothing cached attend in one attention call over [requests, tokens, ...]
             # views of q, k, v: no gather, no loop (SmolLM2 bfloat16 attention at 8x128: 4.4 -> 3.8 ms per layer).
             requests = len(meta.q_slices)
             q, k, v = (x.view(requests, -1, *x.shape[1:]) for x in (q, k, v))
@@ -232,10 +257,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         """SDPA over requests laid out ``[requests, tokens, heads, head_dim]``; causal when there is no mask.
 
         SDPA wants heads before tokens: the transposes are views. CPU SDPA takes its flash kernel only for
-        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). A causal bfloat16 batch of more than
-        one query tile goes to ``causal_prefill_attention`` on CPU instead (for one tile the two are even).
+        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal bfloat16 work of more than one
+        query tile in this call (requests x tokens) goes to ``causal_prefill_attention`` on CPUs where that is
+        faster (for one tile the two are even).
         """
-        if mask is None and q.device.type == "cpu" and q.dtype == torch.bfloat16 and q.shape[:2].numel() > _QUERY_TILE:
+        tiled = USE_TILED_PREFILL_ATTENTION and q.device.type == "cpu" and q.dtype == torch.bfloat16
+        if tiled and mask is None and q.shape[:2].numel() > _QUERY_TILE:
             return causal_prefill_attention(q, k, v, scale)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
