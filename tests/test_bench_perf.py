@@ -4,6 +4,7 @@ but the norms' few)."""
 from __future__ import annotations
 
 import contextlib
+import importlib
 import importlib.util
 import io
 import math
@@ -53,3 +54,23 @@ def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
     perf.add_roofline_shares(row, {"read_bandwidth_bytes": 80e9, "matmul_float32_flops": 100e9})
     assert row["minisgl_decode_floor_share"] == pytest.approx(0.5)
     assert row["minisgl_prefill_peak_share"] == pytest.approx(0.2)
+
+
+def test_prefill_levers_switch_off_what_they_name(monkeypatch):
+    """bench/prefill_levers.py's "off" values really take each lever out: bfloat16 causal prefill past one tile
+    goes to SDPA, and a long prefill's MLP runs as one block."""
+    import minisgl.layers.attention.torch_native_backend as backend_module
+    from minisgl.models import llama
+
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    levers = importlib.import_module("prefill_levers").LEVERS
+    for module, name, off in levers.values():
+        monkeypatch.setattr(module, name, off)
+    tiled = []
+    monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: tiled.append(1))
+    q, k, v = (torch.zeros(1, 300, 2, 8, dtype=torch.bfloat16) for _ in range(3))
+    backend_module.TorchNativeAttnBackend._attend(q, k, v, None, 1.0)
+    mlp, gate_up_calls = llama.LlamaMLP(16, 24), []
+    mlp.gate_up_proj.register_forward_hook(lambda *a: gate_up_calls.append(1))
+    mlp(torch.zeros(1 << 18, 16))  # 2**18 rows x 48 floats: 48 MiB of gate_up, three 16 MiB blocks when on
+    assert tiled == [] and gate_up_calls == [1]

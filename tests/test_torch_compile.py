@@ -111,7 +111,7 @@ def test_small_decode_graph_logits_match_hf(compiled, monkeypatch, padded_rows):
     runner.req_to_token_pool.clear()
     runner.token_to_kv_pool_allocator.clear()
     assert calls["small_decode"] == before + 3
-    # Padded to four rows for the linears, but only the real requests attend: a padding row scans no sequence.
+    # Only the real requests attend, padded to four rows for the linears or not: a padding row scans no sequence.
     assert runner.attn_backend.forward_metadata.kv_indices.shape[0] == len(prompts) <= padded_rows
 
 

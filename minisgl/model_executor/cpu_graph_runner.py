@@ -19,9 +19,9 @@ minutes on two cores for SmolLM2's extend and small decode; later processes reus
 extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
 and so do padded small decodes of one request and of two or three (the rows that attend). An extend past one
 MLP block (``LlamaMLP``) or, in bfloat16, past one query tile compiles its own graph once, on the other side
-of that length guard. Each graph freezes
-its own packed copy of the weights, beside the module's plain ones that eager batches use (SmolLM2 float32:
-1.2 GB RSS loaded, 2.7 after an extend and a batch-1 decode, 3.6 with the general decode graph too).
+of that length guard. Each graph freezes its own packed copy of the weights, beside the module's plain ones
+that eager batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a batch-1 decode, 3.6
+with the general decode graph too).
 
 SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
 to the next captured size the same way; prefill stays eager there. Its CUDA counterpart captures CUDA

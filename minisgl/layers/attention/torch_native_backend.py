@@ -254,7 +254,7 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     @staticmethod
     def _attend(q, k, v, mask: torch.Tensor | None, scale: float) -> torch.Tensor:
-        """SDPA over requests laid out ``[requests, tokens, heads, head_dim]``; causal when there is no mask.
+        """Attention over requests laid out ``[requests, tokens, heads, head_dim]``; causal when there is no mask.
 
         SDPA wants heads before tokens: the transposes are views. CPU SDPA takes its flash kernel only for
         4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal bfloat16 work of more than one
