@@ -3,7 +3,7 @@
     python bench/prefill_levers.py                                  # SmolLM2 bfloat16, eager (~3 min on 2 cores)
     python bench/prefill_levers.py --models dummy134 --dtypes float32 --workloads 32,256 --compiled
 
-*tiled attention* is ``causal_prefill_attention`` against SDPA (bfloat16 only; ``USE_TILED_PREFILL_ATTENTION``),
+*tiled attention* is ``causal_prefill_attention`` against SDPA (``TILED_PREFILL_DTYPES``),
 *MLP blocks* is ``LlamaMLP``'s row blocks against one block (``_MLP_BLOCK_BYTES``). Each variant runs the same
 ``bench_one_batch`` path as ``bench/perf.py``, alternating between repetitions on one loaded model; the table
 shows median prefill times and the ratio off / on (above 1: the lever helps). With ``--compiled`` each variant
@@ -27,7 +27,7 @@ from minisgl.models import llama
 from minisgl.server_args import ServerArgs
 
 LEVERS = {
-    "tiled attention": (backend_module, "USE_TILED_PREFILL_ATTENTION", False),
+    "tiled attention": (backend_module, "TILED_PREFILL_DTYPES", frozenset()),
     "MLP blocks": (llama, "_MLP_BLOCK_BYTES", 1 << 62),
 }
 
@@ -52,8 +52,6 @@ def main() -> None:
             with contextlib.redirect_stdout(io.StringIO()):
                 runner, _ = load_model(server_args, 0)
             for lever, (module, name, off) in LEVERS.items():
-                if lever == "tiled attention" and dtype != "bfloat16":
-                    continue
                 on = getattr(module, name)
                 for batch, input_len in workloads:
                     times = {off: [], on: []}

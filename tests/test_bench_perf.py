@@ -57,8 +57,8 @@ def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
 
 
 def test_prefill_levers_switch_off_what_they_name(monkeypatch):
-    """bench/prefill_levers.py's "off" values really take each lever out: bfloat16 causal prefill past one tile
-    goes to SDPA, and a long prefill's MLP runs as one block."""
+    """bench/prefill_levers.py's "off" values really take each lever out: causal prefill past one tile goes to
+    SDPA (bfloat16 and float32), and a long prefill's MLP runs as one block."""
     import minisgl.layers.attention.torch_native_backend as backend_module
     from minisgl.models import llama
 
@@ -68,8 +68,9 @@ def test_prefill_levers_switch_off_what_they_name(monkeypatch):
         monkeypatch.setattr(module, name, off)
     tiled = []
     monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: tiled.append(1))
-    q, k, v = (torch.zeros(1, 300, 2, 8, dtype=torch.bfloat16) for _ in range(3))
-    backend_module.TorchNativeAttnBackend._attend(q, k, v, None, 1.0)
+    for dtype in (torch.bfloat16, torch.float32):
+        q, k, v = (torch.zeros(1, 300, 2, 8, dtype=dtype) for _ in range(3))
+        backend_module.TorchNativeAttnBackend._attend(q, k, v, None, 1.0)
     mlp, gate_up_calls = llama.LlamaMLP(16, 24), []
     mlp.gate_up_proj.register_forward_hook(lambda *a: gate_up_calls.append(1))
     mlp(torch.zeros(1 << 18, 16))  # 2**18 rows x 48 floats: 48 MiB of gate_up, three 16 MiB blocks when on

@@ -2,9 +2,10 @@
 
 A batch of requests of one length with no cached prefix attends in one call on the new k and v; other
 batches attend request by request, gathering K/V from the pool only for requests with a cached prefix.
-Every path must give the same attention, and the new tokens' K/V must land in the pool. In bfloat16, causal
-work of more than one query tile runs ``causal_prefill_attention`` instead of SDPA; the tile is shrunk to 4
-tokens here so that these small batches take that path, over several tiles and a partial last one.
+Every path must give the same attention, and the new tokens' K/V must land in the pool. Causal work of more
+than one query tile runs ``causal_prefill_attention`` instead of SDPA (in float32 with grouped KV heads or for
+one request); the tile is shrunk to 4 tokens here so that these small batches take that path, over several
+tiles and a partial last one.
 """
 
 from __future__ import annotations
@@ -48,7 +49,9 @@ def naive_extend_attention(q, k_buffer, v_buffer, slots_per_request, prefix_lens
 )
 def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, extend_lens, attention_calls, monkeypatch):
     monkeypatch.setattr(backend_module, "_QUERY_TILE", 4)
-    monkeypatch.setattr(backend_module, "USE_TILED_PREFILL_ATTENTION", True)  # whatever this CPU would choose
+    monkeypatch.setattr(
+        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+    )  # whatever this CPU would choose
     gen = torch.Generator().manual_seed(0)
     batch, num_slots = len(extend_lens), 64
     req_to_token_pool = ReqToTokenPool(8, 32, torch.device("cpu"))
@@ -94,28 +97,35 @@ def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, ext
     )  # fmt: skip
     assert out.dtype == dtype and out.shape == (tokens, heads * HEAD_DIM)
     assert len(calls) == attention_calls  # one call for a rectangular batch, else one per request
-    # Work with a prefix (a mask) or within one tile stays on SDPA; longer causal bfloat16 work takes the tiles.
-    work = [(any(prefix_lens), tokens)] if attention_calls == 1 else list(zip(prefix_lens, extend_lens))
-    assert calls == ["tiles" if dtype == torch.bfloat16 and not p and n > 4 else "sdpa" for p, n in work]
+    # Work with a prefix (a mask) or within one tile stays on SDPA; longer causal work takes the tiles, in
+    # float32 only with grouped KV heads or for one request.
+    work = (
+        [(any(prefix_lens), tokens, batch)]
+        if attention_calls == 1
+        else [(p, n, 1) for p, n in zip(prefix_lens, extend_lens)]
+    )
+    tiled_dtype = dtype == torch.bfloat16 or heads > kv_heads
+    assert calls == ["tiles" if (tiled_dtype or r == 1) and not p and n > 4 else "sdpa" for p, n, r in work]
     slots = forward_batch.out_cache_loc
     assert torch.equal(pool.k_buffer[0][slots], k) and torch.equal(pool.v_buffer[0][slots], v)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
     torch.testing.assert_close(out.double().view(tokens, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("pairs_per_block", [1, 3])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
-def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, pairs_per_block, monkeypatch):
+def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, pairs_per_block, dtype, monkeypatch):
     """Tiles of 4 queries (the last one partial), and 1 or 3 (request, KV head) pairs per block of scores (the
     last block short): every boundary is crossed, eagerly and inside a compiled graph, and the matmul precision
-    setting the op borrows is given back."""
+    setting the op borrows is given back. Float32 stays float32 (1e-5 from a float64 reference)."""
     tokens, tile = 11, 4
     monkeypatch.setattr(backend_module, "_QUERY_TILE", tile)
     monkeypatch.setattr(backend_module, "_SCORE_BLOCK_BYTES", pairs_per_block * tile * heads // kv_heads * tokens * 4)
     gen = torch.Generator().manual_seed(0)
     requests, scale = 2, HEAD_DIM**-0.5
-    q = torch.randn(requests, tokens, heads, HEAD_DIM, generator=gen).to(torch.bfloat16)
-    k, v = (torch.randn(requests, tokens, kv_heads, HEAD_DIM, generator=gen).to(torch.bfloat16) for _ in range(2))
+    q = torch.randn(requests, tokens, heads, HEAD_DIM, generator=gen).to(dtype)
+    k, v = (torch.randn(requests, tokens, kv_heads, HEAD_DIM, generator=gen).to(dtype) for _ in range(2))
     precision = torch.backends.mkldnn.matmul.fp32_precision
 
     out = backend_module.causal_prefill_attention(q, k, v, scale)
@@ -126,7 +136,8 @@ def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, p
         q.view(-1, heads, HEAD_DIM), k.view(-1, kv_heads, HEAD_DIM), v.view(-1, kv_heads, HEAD_DIM), slots,
         [0] * requests, heads // kv_heads, scale,
     )  # fmt: skip
-    assert out.dtype == torch.bfloat16 and out.shape == q.shape
-    torch.testing.assert_close(out.double().view(-1, heads, HEAD_DIM), expected, atol=2e-2, rtol=2e-2)
+    assert out.dtype == dtype and out.shape == q.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
+    torch.testing.assert_close(out.double().view(-1, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)
     compiled = torch.compile(lambda q, k, v: backend_module.causal_prefill_attention(q, k, v, scale), fullgraph=True)
     assert torch.equal(compiled(q, k, v), out)

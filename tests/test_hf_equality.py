@@ -99,14 +99,16 @@ def test_extend_on_cached_prefix_equals_full_extend(tiny_llama):
     torch.testing.assert_close(logits, full_logits, atol=1e-5, rtol=0)
 
 
-# Prompts longer than one 128-token query tile: in bfloat16 on CPU, an extend of these attends through
+# Prompts longer than one 128-token query tile: on CPU, an extend of these attends through
 # causal_prefill_attention's tiles (one request alone, or two of one length at once) rather than SDPA.
 LONG_PROMPTS = [[(7 * i + 3) % 300 + 1 for i in range(200)], [(11 * i + 5) % 300 + 1 for i in range(200)]]
 
 
 @pytest.mark.parametrize("prompts", [PROMPTS, LONG_PROMPTS[:1], LONG_PROMPTS], ids=["short", "long", "two-long"])
 def test_bfloat16_close_to_hf(tiny_llama, prompts, monkeypatch):
-    monkeypatch.setattr(backend_module, "USE_TILED_PREFILL_ATTENTION", True)  # whatever this CPU would choose
+    monkeypatch.setattr(
+        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+    )  # whatever this CPU would choose
     tiled, calls = backend_module.causal_prefill_attention, []
     monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append(1) or tiled(*a))
     logits, _ = run_greedy(make_runner(tiny_llama, dtype=torch.bfloat16), prompts, steps=1)
@@ -116,6 +118,20 @@ def test_bfloat16_close_to_hf(tiny_llama, prompts, monkeypatch):
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in prompts]).float()
     assert (logits - ref).abs().max() < 0.05 * ref.abs().max()
+
+
+@pytest.mark.parametrize("prompts", [LONG_PROMPTS[:1], LONG_PROMPTS], ids=["long", "two-long"])
+def test_float32_long_prompts_match_hf(tiny_llama, prompts, monkeypatch):
+    """A float32 extend past one tile goes through causal_prefill_attention (the tiny Llama has grouped KV heads)
+    and stays float32: HF's logits to 1e-4, as on every float32 path."""
+    monkeypatch.setattr(backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.float32}))
+    tiled, calls = backend_module.causal_prefill_attention, []
+    monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append(1) or tiled(*a))
+    logits, _ = run_greedy(make_runner(tiny_llama), prompts, steps=1)
+    assert len(calls) == 2  # one tiled call per layer
+    with torch.no_grad():
+        ref = torch.stack([hf_model(tiny_llama)(torch.tensor([p])).logits[0, -1] for p in prompts])
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
 
 
 def test_llama3_rope_scaling_matches_hf(make_model):

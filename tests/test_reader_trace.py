@@ -150,7 +150,9 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit K/V, and a bfloat16
     # extend of more than one query tile (2 tokens here) attends through causal_prefill_attention.
     monkeypatch.setattr(backend_module, "_QUERY_TILE", 2)
-    monkeypatch.setattr(backend_module, "USE_TILED_PREFILL_ATTENTION", True)  # whatever this CPU would choose
+    monkeypatch.setattr(
+        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+    )  # whatever this CPU would choose
     runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
     executed: set[tuple[str, str]] = set()
 

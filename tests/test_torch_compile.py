@@ -125,7 +125,9 @@ def test_decode_over_max_bs_runs_eagerly(tiny_llama):
 
 
 def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
-    monkeypatch.setattr(backend_module, "USE_TILED_PREFILL_ATTENTION", True)  # whatever this CPU would choose
+    monkeypatch.setattr(
+        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+    )  # whatever this CPU would choose
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
     assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= MIN_PACKED_ROWS)}

@@ -4,10 +4,10 @@ Eagerly, a decode step of a small model launches about a thousand small kernels 
 RoPE, SiLU and residual adds per layer, each a few kernels); at batch 1 that framework time is a fifth of
 SmolLM2's step. Compiled, the elementwise work between the matmuls fuses into a few C++ loops and the
 weights are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's). Decode attention and
-a single request's extend are traced into the graph too, K/V write included (a bfloat16 extend past one
-128-token tile calls the opaque ``minisgl::causal_prefill_attention`` there); the attention of an extend of
-several requests runs as one opaque custom op per layer (``minisgl::unified_attention``), which finds its
-batch through the forward context.
+a single request's extend are traced into the graph too, K/V write included (an extend past one 128-token
+tile, where the tiles apply, calls the opaque ``minisgl::causal_prefill_attention`` there); the attention of
+an extend of several requests runs as one opaque custom op per layer (``minisgl::unified_attention``), which
+finds its batch through the forward context.
 
 One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also
 makes Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed
@@ -18,7 +18,7 @@ max-autotune for that one shape (see ``__init__``). The first forward of each gr
 minutes on two cores for SmolLM2's extend and small decode; later processes reuse Inductor's on-disk cache);
 extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
 and so do padded small decodes of one request and of two or three (the rows that attend). An extend past one
-MLP block (``LlamaMLP``) or, in bfloat16, past one query tile compiles its own graph once, on the other side
+MLP block (``LlamaMLP``) or, where the tiles apply, past one query tile compiles its own graph once, on the other side
 of that length guard. Each graph freezes its own packed copy of the weights, beside the module's plain ones
 that eager batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a batch-1 decode, 3.6
 with the general decode graph too).

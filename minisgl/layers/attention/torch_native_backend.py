@@ -2,10 +2,10 @@
 
 Extend handles one request at a time, because each has its own prefix and length: its queries attend to
 the cached prefix plus its own new tokens (causal). A request with no cached prefix attends to its new k
-and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (in bfloat16 on
-CPU, past one 128-token tile, such a request or batch attends in one ``causal_prefill_attention`` call instead:
-tiles of queries on oneDNN's batched matmul). Decode is
-batched: each request's K/V are gathered up to the longest sequence (padding masked), the query heads
+and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (on CPUs without
+AMX, past one 128-token tile, such a request or batch attends in one ``causal_prefill_attention`` call instead:
+tiles of queries on oneDNN's batched matmul; bfloat16 always, float32 with grouped KV heads or for one
+request). Decode is batched: each request's K/V are gathered up to the longest sequence (padding masked), the query heads
 sharing a KV head ride along as extra query rows, and one SDPA call serves the batch (on CPU, a block of
 requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
 (``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain tensor ops that
@@ -93,48 +93,74 @@ _QUERY_TILE = 128  # query tokens per block of causal prefill: keys past the til
 _SCORE_BLOCK_BYTES = 2 << 20  # float32 scores per block of (request, KV head) pairs: kept in cache (L2/L3)
 
 
-def _use_tiled_prefill_attention() -> bool:
-    """Whether CPU bfloat16 causal prefill goes to ``causal_prefill_attention`` instead of SDPA.
+def _onednn_bmm_keeps_float32() -> bool:
+    """Whether a float32 ``bmm`` under ``fp32_precision = "bf16"`` still multiplies in IEEE float32 here.
 
-    Only where it was measured to win: without AMX (SDPA's flash kernel multiplies its blocks with AMX where
-    present), with oneDNN's bfloat16 kernels (AVX512-BF16 or AMX), and with torch's ``fp32_precision`` setting
-    (torch 2.9+), which is what sends a float32 ``bmm`` to oneDNN rather than MKL.
+    The setting allows oneDNN to round float32 inputs to bfloat16; it does so on AMX CPUs, not on an AVX-512 AMD
+    EPYC (Zen 5). Probed once on values that bfloat16 cannot hold: rounded, the products would be off by ~1e-2.
     """
-    return (
-        not torch.cpu._is_amx_tile_supported()
-        and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-        and hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision")
-    )
+    matmul = getattr(torch.backends.mkldnn, "matmul", None)
+    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9
+        return False
+    a, b = torch.rand(2, 8, 64, generator=torch.Generator().manual_seed(0)).unbind()
+    exact = (a.double() @ b.double().T).float()
+    precision = matmul.fp32_precision
+    matmul.fp32_precision = "bf16"
+    try:
+        return torch.allclose(torch.bmm(a[None], b.T[None])[0], exact, rtol=1e-5, atol=1e-5)
+    finally:
+        matmul.fp32_precision = precision
 
 
-USE_TILED_PREFILL_ATTENTION = _use_tiled_prefill_attention()
+def _tiled_prefill_dtypes() -> frozenset[torch.dtype]:
+    """The dtypes whose CPU causal prefill goes to ``causal_prefill_attention`` instead of SDPA.
+
+    Only where it was measured to win and keeps each dtype's precision: without AMX (SDPA's flash kernel
+    multiplies its blocks with AMX where present) and with torch's ``fp32_precision`` setting (torch 2.9+),
+    which is what sends a float32 ``bmm`` to oneDNN rather than MKL; bfloat16 also needs oneDNN's bfloat16
+    kernels (AVX512-BF16 or AMX), float32 a oneDNN that keeps float32 under that setting.
+    """
+    has_precision_setting = hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision")
+    if torch.cpu._is_amx_tile_supported() or not has_precision_setting:
+        return frozenset()
+    bfloat16 = [torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else []
+    float32 = [torch.float32] if _ONEDNN_KEEPS_FLOAT32 else []
+    return frozenset(bfloat16 + float32)
+
+
+_ONEDNN_KEEPS_FLOAT32 = _onednn_bmm_keeps_float32()
+TILED_PREFILL_DTYPES = _tiled_prefill_dtypes()
 
 
 @torch.library.custom_op("minisgl::causal_prefill_attention", mutates_args=())
 def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of bfloat16 requests with nothing cached, on oneDNN's batched matmul (CPU).
+    """Causal attention of bfloat16 or float32 requests with nothing cached, on oneDNN's batched matmul (CPU).
 
     q: ``[requests, tokens, heads, head_dim]``; k, v: ``[requests, tokens, kv_heads, head_dim]``. The query heads
     sharing a KV head become its rows, and queries go in tiles of ``_QUERY_TILE`` tokens, each scoring only the
     keys up to its own last token. Without AMX, CPU SDPA's flash kernel multiplies its small blocks at ~70
-    GFLOP/s on an AVX-512 CPU; ``bmm`` hands whole tiles to oneDNN (SmolLM2 bfloat16 prefill on an AMD EPYC,
-    eager, in-process A/B, ms: 1x512 246 -> 200, 8x128 382 -> 307, 32x256 3866 -> 3664). The scores are float32
-    as in SDPA: q and k are upcast to float32, and ``fp32_precision = "bf16"`` routes their float32 ``bmm`` to
-    oneDNN (by default it goes to MKL). oneDNN may then multiply in bfloat16 (it does on AMX CPUs; on this AMD
-    it keeps float32), which loses nothing, since the upcast values are exact bfloat16 ones (the scale goes on q
-    only where that keeps them exact). The probabilities are rounded to bfloat16 for the product with
-    V, as flash kernels do. An opaque op, so a compiled graph calls it as it is. SGLang's CPU backend runs a C++
+    GFLOP/s on an AVX-512 CPU; ``bmm`` hands whole tiles to oneDNN (SmolLM2 prefill on an AMD EPYC, eager,
+    in-process A/B, ms: bfloat16 1x512 246 -> 200, 8x128 382 -> 307, 32x256 3866 -> 3664; float32 1x512
+    371 -> 319, 1x256 169 -> 155, 8x128 616 -> 581). The scores are float32 as in SDPA, and
+    ``fp32_precision = "bf16"`` routes their float32 ``bmm`` to oneDNN (by default it goes to MKL). oneDNN may
+    then multiply in bfloat16 (it does on AMX CPUs; on this AMD it keeps float32). That loses nothing for
+    bfloat16 requests, whose q and k are upcast, exact bfloat16 values (the scale goes on q only where that keeps
+    them exact), and their probabilities are rounded to bfloat16 for the product with V, as flash kernels do.
+    Float32 requests take oneDNN only where it keeps float32 (``_ONEDNN_KEEPS_FLOAT32``), else MKL, and stay
+    float32 throughout. An opaque op, so a compiled graph calls it as it is. SGLang's CPU backend runs a C++
     kernel instead, ``sgl_kernel``'s ``extend_attention_cpu``, over the paged cache.
     """
     requests, tokens, heads, head_dim = q.shape
     kv_heads = k.shape[2]
     group, pairs = heads // kv_heads, requests * kv_heads
+    half = q.dtype != torch.float32
     queries = torch.empty(requests, kv_heads, tokens, group, head_dim, dtype=torch.float32, device=q.device)
     queries = queries.copy_(q.view(requests, tokens, kv_heads, group, head_dim).transpose(1, 2))
     queries = queries.view(pairs, tokens * group, head_dim)
     # A power-of-two scale (head_dim 64: 1/8) keeps q exact in bfloat16, so it goes on q; any other scale goes on
     # the float32 scores, as oneDNN may round a scaled q to bfloat16 (the extra pass: ~2% of a SmolLM2 prefill).
-    scale_queries = math.frexp(scale)[0] == 0.5
+    # A float32 q is never rounded, so it takes any scale.
+    scale_queries = not half or math.frexp(scale)[0] == 0.5
     if scale_queries:
         queries.mul_(scale)
     keys = torch.empty(requests, kv_heads, tokens, head_dim, dtype=torch.float32, device=q.device)
@@ -150,9 +176,10 @@ def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     pairs_per_block = max(1, _SCORE_BLOCK_BYTES // (tile * group * tokens * 4))
     # Scratch for every block, allocated once: the OS page-faults and zeroes each fresh large tensor.
     scores_buffer = torch.empty(min(pairs_per_block, pairs) * tile * group * tokens, device=q.device)
-    probs_buffer = torch.empty_like(scores_buffer, dtype=q.dtype)
+    probs_buffer = torch.empty_like(scores_buffer, dtype=q.dtype) if half else None
     precision = torch.backends.mkldnn.matmul.fp32_precision
-    torch.backends.mkldnn.matmul.fp32_precision = "bf16"
+    if half or _ONEDNN_KEEPS_FLOAT32:
+        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
     try:
         for block_start in range(0, pairs, pairs_per_block):
             block = slice(block_start, block_start + pairs_per_block)
@@ -166,7 +193,9 @@ def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
                 if not scale_queries:
                     scores.mul_(scale)
                 scores[:, :, start:end].add_(causal_bias[: (end - start) * group, : end - start])
-                probs = probs_buffer[: scores.numel()].view(shape).copy_(torch.softmax(scores, -1, out=scores))
+                probs = torch.softmax(scores, -1, out=scores)
+                if half:
+                    probs = probs_buffer[: scores.numel()].view(shape).copy_(probs)
                 torch.bmm(probs, values[block, :end], out=flat_out[block, rows])
     finally:
         torch.backends.mkldnn.matmul.fp32_precision = precision
@@ -257,12 +286,17 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Attention over requests laid out ``[requests, tokens, heads, head_dim]``; causal when there is no mask.
 
         SDPA wants heads before tokens: the transposes are views. CPU SDPA takes its flash kernel only for
-        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal bfloat16 work of more than one
-        query tile in this call (requests x tokens) goes to ``causal_prefill_attention`` on CPUs where that is
-        faster (for one tile the two are even).
+        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal work of more than one query
+        tile in this call (requests x tokens) goes to ``causal_prefill_attention`` for the dtypes and CPUs where
+        that is faster (``TILED_PREFILL_DTYPES``; for one tile the two are even).
         """
-        tiled = USE_TILED_PREFILL_ATTENTION and q.device.type == "cpu" and q.dtype == torch.bfloat16
-        if tiled and mask is None and q.shape[:2].numel() > _QUERY_TILE:
+        tiled = q.device.type == "cpu" and q.dtype in TILED_PREFILL_DTYPES and mask is None
+        if tiled and q.dtype == torch.float32:
+            # Float32 tiles win where query heads share a KV head, whose rows then fold into one GEMM, or for one
+            # request; without that, a batch is faster on SDPA (dummy134 float32, in-process A/B, ms: 8x128
+            # 481 -> 510, 32x256 4464 -> 4749; 1x512 257 -> 233).
+            tiled = q.shape[2] > k.shape[2] or q.shape[0] == 1
+        if tiled and q.shape[:2].numel() > _QUERY_TILE:
             return causal_prefill_attention(q, k, v, scale)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
