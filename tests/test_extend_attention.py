@@ -51,7 +51,7 @@ def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, ext
     monkeypatch.setattr(backend_module, "_QUERY_TILE", 4)
     monkeypatch.setattr(
         backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
-    )  # whatever this CPU would choose
+    )  # regardless of this CPU's choice
     gen = torch.Generator().manual_seed(0)
     batch, num_slots = len(extend_lens), 64
     req_to_token_pool = ReqToTokenPool(8, 32, torch.device("cpu"))
@@ -141,3 +141,23 @@ def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, p
     torch.testing.assert_close(out.double().view(-1, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)
     compiled = torch.compile(lambda q, k, v: backend_module.causal_prefill_attention(q, k, v, scale), fullgraph=True)
     assert torch.equal(compiled(q, k, v), out)
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
+def test_causal_prefill_attention_stays_float32_at_onednn_sizes(heads, kv_heads):
+    """At a real head_dim and tile, where ATen hands a float32 bmm to oneDNN (above 16**3 multiply-adds: the small
+    tests above run on MKL), float32 stays float32 (1e-5 from float64): it fails if oneDNN rounds to bfloat16."""
+    gen = torch.Generator().manual_seed(0)
+    requests, tokens, head_dim = 2, 300, 64
+    q = torch.randn(requests, tokens, heads, head_dim, generator=gen)
+    k, v = (torch.randn(requests, tokens, kv_heads, head_dim, generator=gen) for _ in range(2))
+
+    out = backend_module.causal_prefill_attention(q, k, v, head_dim**-0.5)
+
+    slots = [list(range(r * tokens, (r + 1) * tokens)) for r in range(requests)]
+    expected = naive_extend_attention(
+        q.view(-1, heads, head_dim), k.view(-1, kv_heads, head_dim), v.view(-1, kv_heads, head_dim), slots,
+        [0] * requests, heads // kv_heads, head_dim**-0.5,
+    )  # fmt: skip
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double().view(-1, heads, head_dim), expected, atol=1e-5, rtol=1e-5)

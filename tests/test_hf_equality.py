@@ -108,7 +108,7 @@ LONG_PROMPTS = [[(7 * i + 3) % 300 + 1 for i in range(200)], [(11 * i + 5) % 300
 def test_bfloat16_close_to_hf(tiny_llama, prompts, monkeypatch):
     monkeypatch.setattr(
         backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
-    )  # whatever this CPU would choose
+    )  # regardless of this CPU's choice
     tiled, calls = backend_module.causal_prefill_attention, []
     monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append(1) or tiled(*a))
     logits, _ = run_greedy(make_runner(tiny_llama, dtype=torch.bfloat16), prompts, steps=1)

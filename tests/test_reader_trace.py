@@ -152,7 +152,7 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     monkeypatch.setattr(backend_module, "_QUERY_TILE", 2)
     monkeypatch.setattr(
         backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
-    )  # whatever this CPU would choose
+    )  # regardless of this CPU's choice
     runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
     executed: set[tuple[str, str]] = set()
 

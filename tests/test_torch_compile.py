@@ -127,7 +127,7 @@ def test_decode_over_max_bs_runs_eagerly(tiny_llama):
 def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
     monkeypatch.setattr(
         backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
-    )  # whatever this CPU would choose
+    )  # regardless of this CPU's choice
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
     assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= MIN_PACKED_ROWS)}
@@ -143,6 +143,23 @@ def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
         long_ref = hf(torch.tensor(LONG_PROMPTS[:1])).logits[:, -1].float()
     assert calls["extend"] == 2
     assert (long_logits - long_ref).abs().max() < 0.05 * long_ref.abs().max()
+
+
+def test_compiled_float32_long_prompt_matches_hf(tiny_llama, monkeypatch):
+    """A compiled float32 extend past one tile calls the opaque causal_prefill_attention inside its graph (seen by
+    the profiler) and matches HF to 1e-4, as eager float32 does."""
+    monkeypatch.setattr(backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.float32}))
+    runner, calls = compiled_runner(tiny_llama)
+    run_greedy(runner, LONG_PROMPTS[:1], steps=1)  # compiles (and traces the op's fake)
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    with torch.profiler.profile() as profile:
+        logits, _ = run_greedy(runner, LONG_PROMPTS[:1], steps=1)
+    ops = [event.name for event in profile.events()]
+    assert calls["extend"] == 2 and ops.count("minisgl::causal_prefill_attention") == 2  # one per layer
+    with torch.no_grad():
+        ref = hf_model(tiny_llama)(torch.tensor(LONG_PROMPTS[:1])).logits[:, -1]
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
 
 
 def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):

@@ -5,9 +5,9 @@ the cached prefix plus its own new tokens (causal). A request with no cached pre
 and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (on CPUs without
 AMX, past one 128-token tile, such a request or batch attends in one ``causal_prefill_attention`` call instead:
 tiles of queries on oneDNN's batched matmul; bfloat16 always, float32 with grouped KV heads or for one
-request). Decode is batched: each request's K/V are gathered up to the longest sequence (padding masked), the query heads
-sharing a KV head ride along as extra query rows, and one SDPA call serves the batch (on CPU, a block of
-requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
+request). Decode is batched: each request's K/V are gathered up to the longest sequence (padding masked), the
+query heads sharing a KV head ride along as extra query rows, and one SDPA call serves the batch (on CPU, a
+block of requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
 (``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain tensor ops that
 Inductor fuses, with the K/V write and the gathers, into the model's graph.
 
@@ -96,36 +96,43 @@ _SCORE_BLOCK_BYTES = 2 << 20  # float32 scores per block of (request, KV head) p
 def _onednn_bmm_keeps_float32() -> bool:
     """Whether a float32 ``bmm`` under ``fp32_precision = "bf16"`` still multiplies in IEEE float32 here.
 
-    The setting allows oneDNN to round float32 inputs to bfloat16; it does so on AMX CPUs, not on an AVX-512 AMD
-    EPYC (Zen 5). Probed once on values that bfloat16 cannot hold: rounded, the products would be off by ~1e-2.
+    The setting allows oneDNN to round float32 inputs to bfloat16 (its bf16 "fpmath mode"); on an AVX-512 AMD
+    EPYC (Zen 5) it keeps float32. Probed once, on both of ``causal_prefill_attention``'s product layouts (keys
+    transposed, values plain), at a tile's size: ATen hands a float32 ``bmm`` to oneDNN only above 16**3
+    multiply-adds, and smaller ones run on MKL, which would pass whatever oneDNN does. Values that bfloat16
+    cannot hold: rounded, the products would be off by ~1e-3 to 1e-2, against a 1e-5 tolerance.
     """
     matmul = getattr(torch.backends.mkldnn, "matmul", None)
     if not hasattr(matmul, "fp32_precision"):  # torch < 2.9
         return False
-    a, b = torch.rand(2, 8, 64, generator=torch.Generator().manual_seed(0)).unbind()
-    exact = (a.double() @ b.double().T).float()
+    a, b = torch.rand(2, 2, 128, 64, generator=torch.Generator().manual_seed(0)).unbind()
+    exact_scores = (a.double() @ b.double().transpose(1, 2)).float()
+    exact_values = (a.double().transpose(1, 2) @ b.double()).float()
     precision = matmul.fp32_precision
     matmul.fp32_precision = "bf16"
     try:
-        return torch.allclose(torch.bmm(a[None], b.T[None])[0], exact, rtol=1e-5, atol=1e-5)
+        scores = torch.bmm(a, b.transpose(1, 2))  # as q @ k^T
+        values = torch.bmm(a.transpose(1, 2).contiguous(), b)  # as probs @ v
     finally:
         matmul.fp32_precision = precision
+    pairs = ((scores, exact_scores), (values, exact_values))
+    return all(torch.allclose(got, exact, rtol=1e-5, atol=1e-5) for got, exact in pairs)
 
 
 def _tiled_prefill_dtypes() -> frozenset[torch.dtype]:
     """The dtypes whose CPU causal prefill goes to ``causal_prefill_attention`` instead of SDPA.
 
     Only where it was measured to win and keeps each dtype's precision: without AMX (SDPA's flash kernel
-    multiplies its blocks with AMX where present) and with torch's ``fp32_precision`` setting (torch 2.9+),
-    which is what sends a float32 ``bmm`` to oneDNN rather than MKL; bfloat16 also needs oneDNN's bfloat16
-    kernels (AVX512-BF16 or AMX), float32 a oneDNN that keeps float32 under that setting.
+    multiplies its blocks with AMX where present), with oneDNN's bfloat16 kernels (AVX512-BF16: the CPUs it was
+    measured on) and with torch's ``fp32_precision`` setting (torch 2.9+), which is what sends a float32 ``bmm``
+    to oneDNN rather than MKL; float32 also needs a oneDNN that keeps float32 under that setting.
     """
     has_precision_setting = hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision")
     if torch.cpu._is_amx_tile_supported() or not has_precision_setting:
         return frozenset()
-    bfloat16 = [torch.bfloat16] if torch.ops.mkldnn._is_mkldnn_bf16_supported() else []
-    float32 = [torch.float32] if _ONEDNN_KEEPS_FLOAT32 else []
-    return frozenset(bfloat16 + float32)
+    if not torch.ops.mkldnn._is_mkldnn_bf16_supported():
+        return frozenset()
+    return frozenset([torch.bfloat16, torch.float32] if _ONEDNN_KEEPS_FLOAT32 else [torch.bfloat16])
 
 
 _ONEDNN_KEEPS_FLOAT32 = _onednn_bmm_keeps_float32()
@@ -143,7 +150,7 @@ def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     in-process A/B, ms: bfloat16 1x512 246 -> 200, 8x128 382 -> 307, 32x256 3866 -> 3664; float32 1x512
     371 -> 319, 1x256 169 -> 155, 8x128 616 -> 581). The scores are float32 as in SDPA, and
     ``fp32_precision = "bf16"`` routes their float32 ``bmm`` to oneDNN (by default it goes to MKL). oneDNN may
-    then multiply in bfloat16 (it does on AMX CPUs; on this AMD it keeps float32). That loses nothing for
+    then multiply in bfloat16 (the setting allows it; on this AMD it keeps float32). That loses nothing for
     bfloat16 requests, whose q and k are upcast, exact bfloat16 values (the scale goes on q only where that keeps
     them exact), and their probabilities are rounded to bfloat16 for the product with V, as flash kernels do.
     Float32 requests take oneDNN only where it keeps float32 (``_ONEDNN_KEEPS_FLOAT32``), else MKL, and stay
