@@ -332,12 +332,13 @@ class TorchNativeAttnBackend(AttentionBackend):
         for name, buffer in zip("kv", buffers):
             kv_heads, head_dim = buffer.shape[1:]
             rows = self._gather(name, buffer.view(-1, head_dim) if head_major else buffer, index)
-            if upcast:
-                rows = self._workspace(name + "32", rows.shape, torch.float32).copy_(rows)
             if head_major:
                 gathered.append(rows.view(requests, kv_heads, seq_len, head_dim))
-            else:
-                gathered.append(rows.view(requests, seq_len, kv_heads, head_dim).transpose(1, 2))
+                continue
+            rows = rows.view(requests, seq_len, kv_heads, head_dim).transpose(1, 2)
+            if upcast:  # the copy also puts heads before tokens: SDPA reads contiguous [seq_len, head_dim] blocks
+                rows = self._workspace(name + "32", rows.shape, torch.float32).copy_(rows)
+            gathered.append(rows)
         return gathered
 
     def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch) -> torch.Tensor:
@@ -361,14 +362,16 @@ class TorchNativeAttnBackend(AttentionBackend):
             out = fused_decode_attention(queries[:batch], *buffers, meta.kv_indices, meta.valid, layer.scaling)
             return F.pad(out.reshape(batch, -1), (0, 0, 0, q.shape[0] - batch))
         on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32
-        # 16-bit K/V are gathered head by head on CPU. CPU SDPA's 16-bit kernel is fast for several query rows on
-        # contiguous [seq, head_dim] blocks (grouped heads; SmolLM2 bf16 batch 32: 133 -> 100 ms/step) and slow
-        # for one query row, where float32 is faster, upcast copy included. Head-major, the gather, the upcast and
-        # SDPA all split their work by head across threads, so each core reads back the rows it wrote: gathered
-        # token by token, dummy134 bf16 batch 32 swung between ~100 and ~200 ms/step from run to run (one
-        # process, six backend instances x three runs: 99-216), head by head it holds at 113-170, mostly ~117.
-        head_major = on_cpu and half
-        upcast = head_major and group == 1
+        # CPU SDPA's 16-bit kernel is fast for several query rows on contiguous [seq, head_dim] blocks (grouped
+        # heads; SmolLM2 bf16 batch 32: 133 -> 100 ms/step) and slow for one query row, where float32 is faster,
+        # upcast copy included. With several rows, 16-bit K/V are gathered head by head, so the gather and SDPA
+        # both split their work by head across threads and each core reads back the rows it wrote (gathered token
+        # by token, dummy134 bf16 batch 32 once swung between ~100 and ~200 ms/step from run to run). With one
+        # row, whole tokens are gathered (runs of contiguous slots copy as blocks) and the upcast copy puts heads
+        # first (dummy134 bf16, in-process A/B against gathering head by head, ms/step: 32x256 51.7 -> 44.0,
+        # 8x128 15.1 -> 14.3, 1x512 10.1 -> 9.8).
+        upcast = on_cpu and half and group == 1
+        head_major = on_cpu and half and not upcast
         index = meta.get_head_major_rows(kv_heads) if head_major else meta.kv_indices
         # On CPU, requests are attended a few at a time so that the K/V gathered for them are still in cache when
         # SDPA reads them; a whole large batch's gather goes out to memory and back (dummy134 bf16 batch 32:
