@@ -368,8 +368,8 @@ class TorchNativeAttnBackend(AttentionBackend):
         # both split their work by head across threads and each core reads back the rows it wrote (gathered token
         # by token, dummy134 bf16 batch 32 once swung between ~100 and ~200 ms/step from run to run). With one
         # row, whole tokens are gathered (runs of contiguous slots copy as blocks) and the upcast copy puts heads
-        # first (dummy134 bf16, in-process A/B against gathering head by head, ms/step: 32x256 51.7 -> 44.0,
-        # 8x128 15.1 -> 14.3, 1x512 10.1 -> 9.8).
+        # first (dummy134 bf16, in-process A/B against gathering head by head, ms/step: 32x256 51.7 -> 44.0, four
+        # more runs alike, one even at 58-60; 8x128 15.1 -> 14.3, 1x512 10.1 -> 9.8).
         upcast = on_cpu and half and group == 1
         head_major = on_cpu and half and not upcast
         index = meta.get_head_major_rows(kv_heads) if head_major else meta.kv_indices
