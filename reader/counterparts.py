@@ -553,6 +553,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.bench_plot": "SGLang's bench writes results only; the chart is minisgl's",
     "minisgl.bench_utils": "SGLang's bench prints plain lines; rich progress, the summary table and whole-record appends are minisgl's",
     "minisgl.layers.attention.torch_native_backend.DecodeMetadata": "as ExtendMetadata",
+    "minisgl.layers.attention.torch_native_backend._causal_bias": "helper of causal_prefill_attention; SGLang's C++ extend kernel masks inside its loops",
     "minisgl.layers.attention.torch_native_backend.ExtendMetadata": "SGLang's torch-native backend keeps no metadata; its Triton/FlashInfer backends build kv_indptr/kv_indices in init_forward_metadata",
     "minisgl.layers.linear._new_param": "SGLang creates parameters through quantization methods (create_weights)",
     "minisgl.layers.linear.copy_checked": "SGLang asserts shapes inside each weight_loader",
