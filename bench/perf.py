@@ -9,7 +9,9 @@ in the bench);
 HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same weights, each step timed by a
 logits processor that stamps the clock as every new token's logits arrive. Engines alternate
 between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and
-the memory read bandwidth are measured in the same process. Results: a table, and JSON (``--output``).
+the memory read bandwidth are measured in the same process, all of it under the glibc heap settings a
+minisgl runner makes on CPU (``keep_freed_cpu_memory``; process-wide, so HF's runs get them too). Results: a
+table, and JSON (``--output``).
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_s
 from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear, apply_linear, prepack_weight  # noqa: E402
 from minisgl.model_loader.default_model import default_model_path  # noqa: E402
 from minisgl.server_args import ServerArgs  # noqa: E402
+from minisgl.utils.common import keep_freed_cpu_memory  # noqa: E402
 
 WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -207,6 +210,8 @@ def main() -> None:
     parser.add_argument("--output", default="bench/results.json")
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
+    # The first minisgl runner would set this anyway, process-wide: set first, every engine and probe runs alike.
+    keep_freed_cpu_memory()
     peaks, bandwidths = machine_peaks(), [read_bandwidth()]
     models = model_dirs()
     rows = []

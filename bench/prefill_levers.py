@@ -1,13 +1,16 @@
-"""The two CPU prefill levers, each switched off and on in one process: what each buys, side by side.
+"""The CPU prefill levers, each switched off and on side by side: what each buys.
 
     python bench/prefill_levers.py                                  # SmolLM2 bfloat16, eager (~3 min on 2 cores)
     python bench/prefill_levers.py --models dummy134 --dtypes float32 --workloads 32,256 --compiled
+    python bench/prefill_levers.py --allocator                      # glibc's settings instead (~2 min)
 
 *tiled attention* is ``causal_prefill_attention`` against SDPA (``TILED_PREFILL_DTYPES``),
 *MLP blocks* is ``LlamaMLP``'s row blocks against one block (``_MLP_BLOCK_BYTES``). Each variant runs the same
 ``bench_one_batch`` path as ``bench/perf.py``, alternating between repetitions on one loaded model; the table
 shows median prefill times and the ratio off / on (above 1: the lever helps). With ``--compiled`` each variant
-compiles its own graph in the warm-up.
+compiles its own graph in the warm-up. *heap reuse* (``--allocator``) is ``keep_freed_cpu_memory``
+against glibc's defaults; malloc's settings cannot be put back in a process, so each repetition of each variant
+loads the model in a process of its own, alternating.
 """
 
 from __future__ import annotations
@@ -15,13 +18,17 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
+import json
 import statistics
+import subprocess
+import sys
 
 from perf import DTYPES, model_dirs, run_minisgl
 from rich.console import Console
 from rich.table import Table
 
 import minisgl.layers.attention.torch_native_backend as backend_module
+import minisgl.model_executor.model_runner as model_runner_module
 from minisgl.bench_one_batch import load_model
 from minisgl.models import llama
 from minisgl.server_args import ServerArgs
@@ -32,6 +39,51 @@ LEVERS = {
 }
 
 
+def load_runner(model_path: str, dtype: str, compiled: bool, workloads):
+    server_args = ServerArgs(model_path=model_path, dtype=dtype, enable_torch_compile=compiled,
+                             max_total_tokens=max(b * (i + 2) for b, i in workloads) + 64)  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        return load_model(server_args, 0)[0]
+
+
+def in_process_levers(runner, workloads, reps: int):
+    """(lever, batch, input_len, off seconds, on seconds) for each in-process lever, variants alternating."""
+    for lever, (module, name, off) in LEVERS.items():
+        on = getattr(module, name)
+        for batch, input_len in workloads:
+            times = {off: [], on: []}
+            for value in [off, on] * (reps + 1):  # the first pass of each is the warm-up
+                setattr(module, name, value)
+                times[value].append(run_minisgl(runner, batch, input_len, 2, 32000)[0])
+            setattr(module, name, on)
+            yield lever, batch, input_len, *(statistics.median(times[v][1:]) for v in (off, on))
+
+
+def allocator_child(args, workloads) -> None:
+    """One repetition of one variant of ``--allocator``: a prefill per workload, as JSON on stdout."""
+    if args.child == "off":  # before the runner is built, so glibc keeps its defaults
+        model_runner_module.keep_freed_cpu_memory = lambda: False
+    runner = load_runner(args.model_path, args.dtypes[0], args.compiled, workloads)
+    seconds = []
+    for batch, input_len in workloads:
+        run_minisgl(runner, batch, input_len, 2, 32000)  # warm-up
+        seconds.append(run_minisgl(runner, batch, input_len, 2, 32000)[0])
+    print(json.dumps(seconds))
+
+
+def allocator_lever(model_path: str, dtype: str, args, workloads):
+    """As ``in_process_levers`` for ``keep_freed_cpu_memory``: a fresh process per repetition and variant."""
+    times = {"off": [], "on": []}
+    for variant in ["off", "on"] * args.reps:
+        command = [sys.executable, __file__, "--child", variant, "--model-path", model_path, "--dtypes", dtype,
+                   "--workloads", *args.workloads] + ["--compiled"] * args.compiled  # fmt: skip
+        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
+        times[variant].append(json.loads(out.strip().splitlines()[-1]))
+    for k, (batch, input_len) in enumerate(workloads):
+        off_s, on_s = (statistics.median(run[k] for run in times[v]) for v in ("off", "on"))
+        yield "heap reuse", batch, input_len, off_s, on_s
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["smollm2"], choices=["smollm2", "dummy134"])
@@ -39,29 +91,27 @@ def main() -> None:
     parser.add_argument("--workloads", nargs="+", default=["8,128", "1,512", "32,256"], help="batch,input")
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="with --enable-torch-compile")
+    parser.add_argument("--allocator", action="store_true", help="compare glibc's settings, not the levers")
+    parser.add_argument("--child", choices=["off", "on"], help=argparse.SUPPRESS)
+    parser.add_argument("--model-path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
+    if args.child:
+        return allocator_child(args, workloads)
     table = Table(title="prefill ms, median: lever off / on")
     for column in ("model", "dtype", "batch, input", "lever", "off", "on", "off / on"):
         table.add_column(column)
     models = model_dirs()
     for model_name in args.models:
         for dtype in args.dtypes:
-            server_args = ServerArgs(model_path=models[model_name][0], dtype=dtype, enable_torch_compile=args.compiled,
-                                     max_total_tokens=max(b * (i + 2) for b, i in workloads) + 64)  # fmt: skip
-            with contextlib.redirect_stdout(io.StringIO()):
-                runner, _ = load_model(server_args, 0)
-            for lever, (module, name, off) in LEVERS.items():
-                on = getattr(module, name)
-                for batch, input_len in workloads:
-                    times = {off: [], on: []}
-                    for value in [off, on] * (args.reps + 1):  # the first pass of each is the warm-up
-                        setattr(module, name, value)
-                        times[value].append(run_minisgl(runner, batch, input_len, 2, 32000)[0])
-                    setattr(module, name, on)
-                    off_s, on_s = (statistics.median(times[v][1:]) for v in (off, on))
-                    table.add_row(model_name, dtype, f"{batch}, {input_len}", lever, f"{off_s * 1e3:.1f}",
-                                  f"{on_s * 1e3:.1f}", f"{off_s / on_s:.2f}")  # fmt: skip
+            path = models[model_name][0]
+            if args.allocator:
+                results = allocator_lever(path, dtype, args, workloads)
+            else:
+                results = in_process_levers(load_runner(path, dtype, args.compiled, workloads), workloads, args.reps)
+            for lever, batch, input_len, off_s, on_s in results:
+                table.add_row(model_name, dtype, f"{batch}, {input_len}", lever, f"{off_s * 1e3:.1f}",
+                              f"{on_s * 1e3:.1f}", f"{off_s / on_s:.2f}")  # fmt: skip
     Console().print(table)
 
 

@@ -568,6 +568,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.tp_launcher": "private helpers of launch_tp (SGLang uses multiprocessing.Process and kill_process_tree)",
     "minisgl.utils.common.InputError": "SGLang raises ValueError/assertions; minisgl turns bad input into exit code 2",
     "minisgl.utils.common.resolve_device": "SGLang resolves the device in ServerArgs",
+    "minisgl.utils.common.keep_freed_cpu_memory": "SGLang's CPU guide preloads tcmalloc or TBB's malloc (LD_PRELOAD) instead of tuning glibc's",
     "minisgl.utils.common.cache_dir": "minisgl's own download cache; SGLang relies on the HF hub's",
     "minisgl.utils.hf_transformers_utils.split_model_path": "SGLang's GGUF detection lives in ServerArgs and get_config",
     "minisgl.utils.hf_transformers_utils.gguf_metadata_dir": "SGLang parses a GGUF's metadata each time it is asked",

@@ -2,12 +2,15 @@
 
 SGLang's counterpart, ``sglang/srt/utils/common.py``, is a grab bag of several thousand lines (process
 trees, NUMA, CUDA-graph helpers, ...). minisgl keeps only what its bench path needs: one error type for
-bad user input, device resolution and a memory probe.
+bad user input, device resolution, a memory probe and glibc's allocator settings for CPU runs.
 """
 
 from __future__ import annotations
 
+import ctypes
+import functools
 import os
+import platform
 from pathlib import Path
 
 import torch
@@ -52,3 +55,30 @@ def synchronize(device: torch.device) -> None:
     """Wait for queued kernels, so a timer around a step measures the step (a no-op on CPU)."""
     if device.type == "cuda":
         torch.cuda.synchronize(device)
+
+
+# glibc's mallopt parameters (<malloc.h>), and the largest mmap threshold it accepts on 64-bit systems.
+_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD = -1, -3
+_MMAP_THRESHOLD_MAX = 32 << 20
+_TRIM_THRESHOLD = 1 << 30
+
+
+@functools.cache
+def keep_freed_cpu_memory() -> bool:
+    """Have glibc's malloc hand freed activation blocks back out instead of returning them to the OS.
+
+    By default glibc maps every block above a threshold (128 KiB, raised as mapped blocks are freed) afresh and
+    trims its heap whenever the free space at its top passes twice that. A forward's large activations then come
+    back as new pages, which the OS faults in and zeroes on first touch: SmolLM2 eager prefill at 32x256 took
+    ~270k-840k page faults per run (1-3 GB of zeroed pages). Blocks up to glibc's limit of 32 MiB now come from
+    the heap, and up to 1 GiB of freed heap is kept for reuse. Set once per process (it is process-wide: a
+    library run beside minisgl, HF in ``bench/perf.py``, gets it too); returns whether glibc took the settings,
+    False under another C library. SGLang's CPU guide instead preloads tcmalloc or TBB's malloc with
+    ``LD_PRELOAD`` (see ``CpuDeviceMixin.empty_cache`` in ``sglang/srt/platforms/cpu.py``), which needs a
+    launcher; these are glibc's own knobs, set in-process.
+    """
+    if platform.libc_ver()[0] != "glibc":
+        return False
+    libc = ctypes.CDLL(None)  # the C library this process already runs on
+    settings = ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
+    return all(libc.mallopt(parameter, value) == 1 for parameter, value in settings)
