@@ -197,7 +197,8 @@ def run_hf(model, batch, input_len, output_len, vocab):
 
 
 def summarize(values):
-    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+    """Median, min and max of a row's repetitions, and the repetitions themselves in the order they ran."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values), "samples": values}
 
 
 def main() -> None:

@@ -10,7 +10,7 @@
 shows median prefill times and the ratio off / on (above 1: the lever helps). With ``--compiled`` each variant
 compiles its own graph in the warm-up. *heap reuse* (``--allocator``) is ``keep_freed_cpu_memory``
 against glibc's defaults; malloc's settings cannot be put back in a process, so each repetition of each variant
-loads the model in a process of its own, alternating.
+loads the model in a process of its own, alternating (with ``--compiled``, each of them compiles: minutes).
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import argparse
 import contextlib
 import io
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -28,7 +29,6 @@ from rich.console import Console
 from rich.table import Table
 
 import minisgl.layers.attention.torch_native_backend as backend_module
-import minisgl.model_executor.model_runner as model_runner_module
 from minisgl.bench_one_batch import load_model
 from minisgl.models import llama
 from minisgl.server_args import ServerArgs
@@ -60,25 +60,29 @@ def in_process_levers(runner, workloads, reps: int):
 
 
 def allocator_child(args, workloads) -> None:
-    """One repetition of one variant of ``--allocator``: a prefill per workload, as JSON on stdout."""
-    if args.child == "off":  # before the runner is built, so glibc keeps its defaults
-        model_runner_module.keep_freed_cpu_memory = lambda: False
+    """One repetition of one variant of ``--allocator``: a prefill per workload, as a ``RESULT`` line on stdout."""
     runner = load_runner(args.model_path, args.dtypes[0], args.compiled, workloads)
     seconds = []
     for batch, input_len in workloads:
         run_minisgl(runner, batch, input_len, 2, 32000)  # warm-up
         seconds.append(run_minisgl(runner, batch, input_len, 2, 32000)[0])
-    print(json.dumps(seconds))
+    print("RESULT", json.dumps(seconds))
 
 
 def allocator_lever(model_path: str, dtype: str, args, workloads):
     """As ``in_process_levers`` for ``keep_freed_cpu_memory``: a fresh process per repetition and variant."""
     times = {"off": [], "on": []}
     for variant in ["off", "on"] * args.reps:
-        command = [sys.executable, __file__, "--child", variant, "--model-path", model_path, "--dtypes", dtype,
+        command = [sys.executable, __file__, "--child", "--model-path", model_path, "--dtypes", dtype,
                    "--workloads", *args.workloads] + ["--compiled"] * args.compiled  # fmt: skip
-        out = subprocess.run(command, check=True, capture_output=True, text=True).stdout
-        times[variant].append(json.loads(out.strip().splitlines()[-1]))
+        # "off": the runner's own opt-out, so glibc keeps its defaults; either way no glibc variable is inherited
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+        env["MINISGL_KEEP_FREED_CPU_MEMORY"] = "0" if variant == "off" else "1"
+        run = subprocess.run(command, capture_output=True, text=True, env=env)
+        if run.returncode != 0:
+            sys.exit(f"the {variant} run failed:\n{run.stderr}")
+        result = next(line for line in run.stdout.splitlines() if line.startswith("RESULT "))
+        times[variant].append(json.loads(result.removeprefix("RESULT ")))
     for k, (batch, input_len) in enumerate(workloads):
         off_s, on_s = (statistics.median(run[k] for run in times[v]) for v in ("off", "on"))
         yield "heap reuse", batch, input_len, off_s, on_s
@@ -92,7 +96,7 @@ def main() -> None:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--compiled", action="store_true", help="with --enable-torch-compile")
     parser.add_argument("--allocator", action="store_true", help="compare glibc's settings, not the levers")
-    parser.add_argument("--child", choices=["off", "on"], help=argparse.SUPPRESS)
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
     args = parser.parse_args()
     workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]

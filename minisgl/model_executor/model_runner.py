@@ -53,7 +53,8 @@ class ModelRunner:
         if device.type == "cpu":
             # Activations reuse freed heap pages instead of fresh ones the OS must fault in and zero. SmolLM2 eager
             # prefill, glibc's defaults -> these, ms (bench/prefill_levers.py --allocator, a process per run):
-            # bfloat16 32x256 3563 -> 2881, 8x128 351 -> 324; float32 32x256 5487 -> 4679, 8x128 777 -> 569.
+            # bfloat16 32x256 3563 -> 2881, 8x128 351 -> 324, 1x512 218 -> 203; float32 32x256 5487 -> 4679,
+            # 8x128 777 -> 569, 1x512 335 -> 339.
             keep_freed_cpu_memory()
         self.sampler = Sampler()
         self.generator = torch.Generator(device=device).manual_seed(server_args.random_seed)

@@ -63,22 +63,31 @@ _MMAP_THRESHOLD_MAX = 32 << 20
 _TRIM_THRESHOLD = 1 << 30
 
 
+# Set by a user who tunes glibc's malloc already (or who preloads another allocator and says so): left alone.
+_USER_MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+
+
 @functools.cache
 def keep_freed_cpu_memory() -> bool:
     """Have glibc's malloc hand freed activation blocks back out instead of returning them to the OS.
 
-    By default glibc maps every block above a threshold (128 KiB, raised as mapped blocks are freed) afresh and
-    trims its heap whenever the free space at its top passes twice that. A forward's large activations then come
-    back as new pages, which the OS faults in and zeroes on first touch: SmolLM2 eager prefill at 32x256 took
-    ~270k-840k page faults per run (1-3 GB of zeroed pages). Blocks up to glibc's limit of 32 MiB now come from
-    the heap, and up to 1 GiB of freed heap is kept for reuse. Set once per process (it is process-wide: a
-    library run beside minisgl, HF in ``bench/perf.py``, gets it too); returns whether glibc took the settings,
-    False under another C library. SGLang's CPU guide instead preloads tcmalloc or TBB's malloc with
-    ``LD_PRELOAD`` (see ``CpuDeviceMixin.empty_cache`` in ``sglang/srt/platforms/cpu.py``), which needs a
-    launcher; these are glibc's own knobs, set in-process.
+    By default glibc maps every block above a threshold (128 KiB, raised up to 32 MiB as mapped blocks are
+    freed) afresh, and trims a heap whenever the free space at its top passes twice that. A forward's large
+    activations then come back as new pages, which the kernel allocates and zeroes on first touch: SmolLM2 eager
+    bfloat16 prefill at 32x256 took ~270k-840k page faults per run (1.1-3.4 GB). Blocks up to glibc's limit of
+    32 MiB now always come from a heap, and each heap (one per thread arena) keeps up to 1 GiB of free space at
+    its top for reuse; larger blocks are still mapped afresh every time. Set once per process, for the whole
+    process (a library run beside minisgl, HF in ``bench/perf.py``, gets it too); skipped where
+    ``MINISGL_KEEP_FREED_CPU_MEMORY=0`` or glibc's own variables (``_USER_MALLOC_SETTINGS``) are set.
+    Returns whether mallopt accepted the settings (False when skipped or under another C library; an allocator
+    preloaded over glibc's may accept them and ignore them). SGLang's CPU guide instead preloads tcmalloc or
+    TBB's malloc with ``LD_PRELOAD`` (see ``CpuDeviceMixin.empty_cache`` in ``sglang/srt/platforms/cpu.py``),
+    which needs a launcher; these are glibc's own knobs, set in-process.
     """
-    if platform.libc_ver()[0] != "glibc":
+    opted_out = os.environ.get("MINISGL_KEEP_FREED_CPU_MEMORY") == "0"
+    if opted_out or any(map(os.environ.get, _USER_MALLOC_SETTINGS)) or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)  # the C library this process already runs on
     settings = ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
-    return all(libc.mallopt(parameter, value) == 1 for parameter, value in settings)
+    accepted = [libc.mallopt(parameter, value) == 1 for parameter, value in settings]  # both tried, even if one fails
+    return all(accepted)
