@@ -32,6 +32,7 @@ import minisgl.layers.attention.torch_native_backend as backend_module
 from minisgl.bench_one_batch import load_model
 from minisgl.models import llama
 from minisgl.server_args import ServerArgs
+from minisgl.utils.common import USER_MALLOC_SETTINGS
 
 LEVERS = {
     "tiled attention": (backend_module, "TILED_PREFILL_DTYPES", frozenset()),
@@ -75,8 +76,8 @@ def allocator_lever(model_path: str, dtype: str, args, workloads):
     for variant in ["off", "on"] * args.reps:
         command = [sys.executable, __file__, "--child", "--model-path", model_path, "--dtypes", dtype,
                    "--workloads", *args.workloads] + ["--compiled"] * args.compiled  # fmt: skip
-        # "off": the runner's own opt-out, so glibc keeps its defaults; either way no glibc variable is inherited
-        env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES"))}
+        # "off": the runner's own opt-out, so glibc keeps its defaults; "on": none of the variables that skip it
+        env = {k: v for k, v in os.environ.items() if k not in USER_MALLOC_SETTINGS}
         env["MINISGL_KEEP_FREED_CPU_MEMORY"] = "0" if variant == "off" else "1"
         run = subprocess.run(command, capture_output=True, text=True, env=env)
         if run.returncode != 0:

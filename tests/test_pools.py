@@ -16,6 +16,7 @@ from hypothesis import strategies as st
 
 from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from minisgl.utils.common import USER_MALLOC_SETTINGS
 
 ops = st.lists(st.tuples(st.sampled_from(["alloc", "free"]), st.integers(0, 40)), max_size=60)
 
@@ -92,12 +93,13 @@ def test_exhaustion_raises_clear_error(tiny_llama):
 
 _PAGE_FAULTS = textwrap.dedent("""
     import ctypes, resource, sys, torch
-    from minisgl.utils.common import keep_freed_cpu_memory
+    from minisgl.utils.common import _M_MMAP_THRESHOLD, _M_TRIM_THRESHOLD, keep_freed_cpu_memory
 
+    # Both arms start at glibc's initial thresholds (128 KiB), held: left to itself glibc raises them as blocks
+    # are freed, and a keep_freed_cpu_memory that did nothing could then pass on a lucky heap layout.
+    took = all(ctypes.CDLL(None).mallopt(p, 128 << 10) == 1 for p in (_M_TRIM_THRESHOLD, _M_MMAP_THRESHOLD))
     if sys.argv[1] == "kept":  # before any large block
-        took = keep_freed_cpu_memory()
-    else:  # glibc's initial thresholds (128 KiB), held: it would raise them by itself as blocks are freed
-        took = all(ctypes.CDLL(None).mallopt(parameter, 128 << 10) == 1 for parameter in (-1, -3))
+        took = took and keep_freed_cpu_memory()
     faults = []
     for _ in range(12):
         before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
@@ -109,7 +111,8 @@ _PAGE_FAULTS = textwrap.dedent("""
 
 
 def _faults_per_cycle(variant: str) -> tuple[str, float]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("MALLOC_", "GLIBC_TUNABLES", "MINISGL_KEEP"))}
+    skipped = (*USER_MALLOC_SETTINGS, "MINISGL_KEEP_FREED_CPU_MEMORY")  # what would make the function skip
+    env = {k: v for k, v in os.environ.items() if k not in skipped}
     run = subprocess.run([sys.executable, "-c", _PAGE_FAULTS, variant], capture_output=True, text=True, env=env)
     assert run.returncode == 0, run.stderr
     took, faults = next(line for line in run.stdout.splitlines() if line.startswith("RESULT")).split()[1:]
@@ -121,8 +124,10 @@ def test_freed_cpu_blocks_are_reused_without_page_faults():
     # Fresh processes, since the settings are process-wide. The oracle is the kernel's count of page faults. At
     # glibc's initial thresholds, every 24 MiB block is mapped afresh and faulted in (6144 pages of 4 KiB; fewer
     # with transparent huge pages). Left alone, glibc raises its thresholds as blocks are freed, and whether it
-    # then still trims depends on what else sits on the heap, so that arm would prove nothing either way. With
-    # keep_freed_cpu_memory, the same cycles reuse the heaps' pages.
+    # then still trims depends on what else sits on the heap (under pytest here it stopped faulting after five
+    # cycles, outside it did not), so neither arm leaves them alone. With keep_freed_cpu_memory called on top of
+    # the held thresholds, the same cycles reuse the heaps' pages; had it set nothing, or only one of the two,
+    # they would still fault.
     took_initial, initial = _faults_per_cycle("initial")
     took, kept = _faults_per_cycle("kept")
     assert took_initial == took == "True"

@@ -64,7 +64,7 @@ _TRIM_THRESHOLD = 1 << 30
 
 
 # Set by a user who tunes glibc's malloc already (or who preloads another allocator and says so): left alone.
-_USER_MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
+USER_MALLOC_SETTINGS = ("MALLOC_MMAP_THRESHOLD_", "MALLOC_TRIM_THRESHOLD_", "GLIBC_TUNABLES")
 
 
 @functools.cache
@@ -78,14 +78,14 @@ def keep_freed_cpu_memory() -> bool:
     32 MiB now always come from a heap, and each heap (one per thread arena) keeps up to 1 GiB of free space at
     its top for reuse; larger blocks are still mapped afresh every time. Set once per process, for the whole
     process (a library run beside minisgl, HF in ``bench/perf.py``, gets it too); skipped where
-    ``MINISGL_KEEP_FREED_CPU_MEMORY=0`` or glibc's own variables (``_USER_MALLOC_SETTINGS``) are set.
+    ``MINISGL_KEEP_FREED_CPU_MEMORY=0`` or glibc's own variables (``USER_MALLOC_SETTINGS``) are set.
     Returns whether mallopt accepted the settings (False when skipped or under another C library; an allocator
     preloaded over glibc's may accept them and ignore them). SGLang's CPU guide instead preloads tcmalloc or
     TBB's malloc with ``LD_PRELOAD`` (see ``CpuDeviceMixin.empty_cache`` in ``sglang/srt/platforms/cpu.py``),
     which needs a launcher; these are glibc's own knobs, set in-process.
     """
     opted_out = os.environ.get("MINISGL_KEEP_FREED_CPU_MEMORY") == "0"
-    if opted_out or any(map(os.environ.get, _USER_MALLOC_SETTINGS)) or platform.libc_ver()[0] != "glibc":
+    if opted_out or any(map(os.environ.get, USER_MALLOC_SETTINGS)) or platform.libc_ver()[0] != "glibc":
         return False
     libc = ctypes.CDLL(None)  # the C library this process already runs on
     settings = ((_M_MMAP_THRESHOLD, _MMAP_THRESHOLD_MAX), (_M_TRIM_THRESHOLD, _TRIM_THRESHOLD))
