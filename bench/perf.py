@@ -2,6 +2,7 @@
 
     python bench/perf.py                       # both models, both dtypes, all workloads (~30 min on 2 cores)
     python bench/perf.py --models dummy134 --dtypes float32 --workloads 1,128,32 --reps 3 --engines minisgl hf
+    bash bench/cuda.sh                         # on a CUDA machine: HF equality there, then this with --device cuda
 
 minisgl runs through the same code as ``bench_one_batch`` (``load_model`` + ``latency_test_run_once``), eagerly
 (engine ``minisgl``) and with ``--enable-torch-compile`` (engine ``compiled``; it compiles in the warm-up, as
@@ -11,7 +12,9 @@ logits processor that stamps the clock as every new token's logits arrive. Engin
 between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and
 the memory read bandwidth are measured in the same process, all of it under the glibc heap settings a
 minisgl runner makes on CPU (``keep_freed_cpu_memory``; process-wide, so HF's runs get them too). Results: a
-table, and JSON (``--output``).
+table, and JSON (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a
+synchronize around each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for
+machines that cannot fetch its GGUF (an offline GPU machine): the timings are those of the real weights.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import io
 import json
 import os
 import statistics
+import sys
 import tempfile
 import time
 from dataclasses import replace
@@ -35,44 +39,57 @@ from rich.table import Table  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
 from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
+from minisgl.bench_utils import OneLineErrorParser  # noqa: E402
 from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear, apply_linear, prepack_weight  # noqa: E402
 from minisgl.model_loader.default_model import default_model_path  # noqa: E402
 from minisgl.server_args import ServerArgs  # noqa: E402
-from minisgl.utils.common import keep_freed_cpu_memory  # noqa: E402
+from minisgl.utils.common import (  # noqa: E402
+    InputError,
+    keep_freed_cpu_memory,
+    resolve_device,
+    synchronize,
+    write_whole,
+)
 
 WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
 DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 ENGINES = {"minisgl": "eager", "compiled": "compiled", "hf": "HF"}  # engine -> its short name in the table
+CPU = torch.device("cpu")
 
 
-def run_times(fn, reps: int) -> list[float]:
+def run_times(fn, reps: int, device: torch.device = CPU) -> list[float]:
     fn()
     times = []
     for _ in range(reps):
+        synchronize(device)
         tic = time.perf_counter()
         fn()
+        synchronize(device)
         times.append(time.perf_counter() - tic)
     return times
 
 
-def best_time(fn, reps: int) -> float:
-    return min(run_times(fn, reps))
+def best_time(fn, reps: int, device: torch.device = CPU) -> float:
+    return min(run_times(fn, reps, device))
 
 
-def machine_peaks(reps: int = 5) -> dict:
+def machine_peaks(device: torch.device = CPU, reps: int = 5) -> dict:
     """Matmul peaks: the fastest run of the faster kernel (MKL's matmul, or the oneDNN one minisgl's linears
-    use); a peak is what the machine can reach, so a median or a slower kernel would let shares pass 100%."""
+    use; on CUDA both are cuBLAS); a peak is what the machine can reach, so a median or a slower kernel would let
+    shares pass 100%. A GPU needs a larger product than a CPU to reach its peak; its float32 is IEEE float32, not
+    TF32 (torch's default, and how both engines run)."""
+    size = 8192 if device.type == "cuda" else 2048
     peaks = {}
     for name, dtype in DTYPES.items():
-        a, b = torch.randn(2048, 2048, dtype=dtype), torch.randn(2048, 2048, dtype=dtype)
+        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
         packed = prepack_weight(b)
         plain, onednn = (lambda a=a, b=b: a @ b), (lambda a=a, w=packed: apply_linear(a, w))
-        seconds = min(best_time(plain, reps), best_time(onednn, reps))
-        peaks[f"matmul_{name}_flops"] = 2 * 2048**3 / seconds
+        seconds = min(best_time(plain, reps, device), best_time(onednn, reps, device))
+        peaks[f"matmul_{name}_flops"] = 2 * size**3 / seconds
     return peaks
 
 
-def read_bandwidth(reps: int = 3) -> float:
+def read_bandwidth(device: torch.device = CPU, reps: int = 3) -> float:
     """Memory read bandwidth now: a 1 GiB matrix read by three kernels, the fastest kernel's median pass.
 
     Which kernel streams fastest depends on the CPU (Xeon VM: MKL's sgemv ~19 GB/s, oneDNN's packed GEMV at four
@@ -81,28 +98,39 @@ def read_bandwidth(reps: int = 3) -> float:
     GB/s with two threads, ~41 with one), so ``main`` samples it right before every engine's run of every row
     and each row's floor uses the median of its own samples: a floor from a run-wide median was one that rows
     run in the other phase never had (an EPYC run's fast-phase row reached 113% of it). Allocated per call, so
-    that the engines do not run beside 2 GiB they never use.
+    that the engines do not run beside 2 GiB they never use. On CUDA the same readers run as cuBLAS and a
+    reduction kernel, on a matrix in GPU memory, ten passes per sample.
     """
     # filled, not random: the values do not change the read time, and randn of 1 GiB takes seconds per sample
-    matrix, vector, rows = torch.full((16384, 16384), 0.5), torch.randn(16384), torch.randn(4, 16384)
+    matrix = torch.full((16384, 16384), 0.5, device=device)
+    vector, rows = torch.randn(16384, device=device), torch.randn(4, 16384, device=device)
     packed = prepack_weight(matrix)
     readers = (lambda: torch.mv(matrix, vector), lambda: apply_linear(rows, packed), matrix.sum)
-    return matrix.numel() * 4 / min(statistics.median(run_times(read, reps)) for read in readers)
+    # A GPU reads the GiB in a fraction of a millisecond, near the cost of the synchronize and the clock: time ten
+    # reads back to back per sample.
+    passes = 10 if device.type == "cuda" else 1
+    seconds = min(statistics.median(run_times(lambda r=read: [r() for _ in range(passes)], reps, device))
+                  for read in readers)  # fmt: skip
+    return passes * matrix.numel() * 4 / seconds
 
 
-def machine_info() -> dict:
-    """The CPU the figures belong to: kernel choices and the shares differ from one CPU to another."""
+def machine_info(device: torch.device = CPU) -> dict:
+    """The CPU (and GPU) the figures belong to: kernel choices and the shares differ from one to another."""
     names = []
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
         names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-    return {
+    info = {
         "cpu": names[0] if names else "unknown",
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "capability": torch.backends.cpu.get_cpu_capability(),
         "amx": torch.cpu._is_amx_tile_supported(),
         "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
+        "torch": torch.__version__,
     }
+    if device.type == "cuda":
+        info.update(gpu=torch.cuda.get_device_name(device), cuda=torch.version.cuda)
+    return info
 
 
 def decode_linear_weights(model) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
@@ -121,32 +149,65 @@ def decode_linears_time(model_runner, batch: int) -> float:
     kernels read memory.
     """
     layers = decode_linear_weights(model_runner.model)
-    inputs = [torch.randn(batch, weight.shape[1], dtype=weight.dtype) for weight, _ in layers]
+    device = layers[0][0].device
+    inputs = [torch.randn(batch, weight.shape[1], dtype=weight.dtype, device=device) for weight, _ in layers]
 
     def step():
         for (weight, bias), x in zip(layers, inputs):
             apply_linear(x, weight, bias)
 
-    return best_time(step, 3)
+    if device.type == "cuda":
+        # Launched one by one, a step's ~200 small GEMMs take the CPU longer to queue than the GPU to run; replayed
+        # as one CUDA graph, the timing is the GPU's reads.
+        step()  # cuBLAS sets up its handles and workspaces before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        step = graph.replay
+    return best_time(step, 3, device)
 
 
-def model_dirs() -> dict:
-    """The two models, as (model_path for minisgl, loader for the same weights in HF)."""
-    smol = default_model_path()
-    directory, name = smol.rsplit("/", 1)
-    dummy_dir = tempfile.mkdtemp(prefix="dummy134-")
-    config = LlamaConfig(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                         num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
-                         tie_word_embeddings=False, architectures=["LlamaForCausalLM"])  # fmt: skip
-    torch.manual_seed(0)
-    AutoModelForCausalLM.from_config(config).save_pretrained(dummy_dir)
-    from minisgl.utils.hf_transformers_utils import get_tokenizer
+# Random-weight Llamas: the dummy 134M shape of issue #5, and SmolLM2-135M's own shape (its GGUF's config, which
+# tests/test_bench_perf.py checks) for machines that cannot fetch the GGUF.
+RANDOM_LLAMAS = {
+    "dummy134": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                     num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
+                     tie_word_embeddings=False),
+    "smollm2-shape": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                          rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                          tie_word_embeddings=True),
+}  # fmt: skip
+MODELS = ["smollm2", *RANDOM_LLAMAS]
 
-    get_tokenizer(smol).save_pretrained(dummy_dir)  # any tokenizer: the workload is synthetic ids
-    return {
-        "smollm2": (smol, lambda dtype: AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype)),
-        "dummy134": (dummy_dir, lambda dtype: AutoModelForCausalLM.from_pretrained(dummy_dir, dtype=dtype)),
-    }
+
+def _save_word_tokenizer(directory: str) -> None:
+    """A one-word tokenizer: bench_one_batch loads one, and the workload is synthetic ids that never meet it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(directory)
+
+
+def model_dirs(names: list[str], scratch: str) -> dict:
+    """The chosen models, as (model_path for minisgl, loader for the same weights in HF); random-weight ones are
+    saved under ``scratch``."""
+    models = {}
+    if "smollm2" in names:
+        smol = default_model_path()
+        directory, name = smol.rsplit("/", 1)
+        models["smollm2"] = (smol, lambda dtype: AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
+                                                                                      dtype=dtype))  # fmt: skip
+    for model_name in (n for n in names if n in RANDOM_LLAMAS):
+        path = os.path.join(scratch, model_name)
+        torch.manual_seed(0)
+        config = LlamaConfig(**RANDOM_LLAMAS[model_name], architectures=["LlamaForCausalLM"])
+        AutoModelForCausalLM.from_config(config).save_pretrained(path)
+        _save_word_tokenizer(path)
+        models[model_name] = (path, lambda dtype, path=path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
+    return models
 
 
 def exact_prefill_flops(model, batch: int, input_len: int) -> float:
@@ -174,12 +235,14 @@ def run_minisgl(runner, batch, input_len, output_len, vocab):
 
 
 class _StepClock(LogitsProcessor):
-    """Called by ``generate`` once per new token, right after that step's forward: a timestamp per step."""
+    """Called by ``generate`` once per new token, right after that step's forward: a timestamp per step (on CUDA,
+    once the step's kernels are done)."""
 
-    def __init__(self):
-        self.stamps: list[float] = []
+    def __init__(self, device: torch.device = CPU):
+        self.device, self.stamps = device, []
 
     def __call__(self, input_ids, scores):
+        synchronize(self.device)
         self.stamps.append(time.perf_counter())
         return scores
 
@@ -187,7 +250,8 @@ class _StepClock(LogitsProcessor):
 def run_hf(model, batch, input_len, output_len, vocab):
     """Prefill = start to the first step's logits; decode = median gap between later steps' logits."""
     ids = torch.randint(0, min(vocab, 10000), (batch, input_len), generator=torch.Generator().manual_seed(0))
-    clock = _StepClock()
+    ids, clock = ids.to(model.device), _StepClock(model.device)
+    synchronize(model.device)
     tic = time.perf_counter()
     with torch.no_grad():
         model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, eos_token_id=None,
@@ -201,27 +265,56 @@ def summarize(values):
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "samples": values}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["smollm2", "dummy134"], choices=["smollm2", "dummy134"])
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = OneLineErrorParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2", "dummy134"], choices=MODELS)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--workloads", nargs="+", default=[",".join(map(str, w)) for w in WORKLOADS])
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
     parser.add_argument("--output", default="bench/results.json")
-    args = parser.parse_args()
-    workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
+    parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every engine and probe runs")
+    args = parser.parse_args(argv)
+    try:
+        workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
+        assert all(len(w) == 3 and min(w) > 0 for w in workloads)
+    except (ValueError, AssertionError):
+        parser.error(f"--workloads {' '.join(args.workloads)}: each must be batch,input,output (e.g. 8,128,32)")
+    if min(output for _, _, output in workloads) < 2:
+        parser.error(f"--workloads {' '.join(args.workloads)}: an output of at least 2 tokens, so that decode is timed")
+    if args.reps < 1:
+        parser.error(f"--reps {args.reps}: at least 1")
+    args.workloads = workloads
+    if not os.path.isdir(os.path.dirname(os.path.abspath(args.output))):
+        parser.error(f"--output {args.output}: its folder does not exist; create it or write elsewhere")
+    return args
+
+
+def cli(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        # The random-weight checkpoints live as long as the run (a 134M float32 one is half a GB).
+        with tempfile.TemporaryDirectory(prefix="minisgl-perf-") as scratch:
+            main(args, resolve_device(args.device), scratch)
+    except InputError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
+    workloads = args.workloads
     # The first minisgl runner would set this anyway, process-wide: set first, every engine and probe runs alike.
     keep_freed_cpu_memory()
-    peaks, bandwidths = machine_peaks(), [read_bandwidth()]
-    models = model_dirs()
+    peaks, bandwidths = machine_peaks(device), [read_bandwidth(device)]
+    models = model_dirs(args.models, scratch)
     rows = []
     for model_name in args.models:
         path, hf_loader = models[model_name]
         for dtype_name in args.dtypes:
             max_tokens = max(b * (i + o) for b, i, o in workloads) + 64
-            server_args = ServerArgs(model_path=path, dtype=dtype_name, max_total_tokens=max_tokens)
-            hf = hf_loader(DTYPES[dtype_name]).eval()
+            server_args = ServerArgs(model_path=path, dtype=dtype_name, max_total_tokens=max_tokens, device=args.device)
+            hf = hf_loader(DTYPES[dtype_name]).eval().to(device)
             vocab = hf.config.vocab_size
             runs, model_runner = {}, None
             for engine in args.engines:
@@ -239,7 +332,7 @@ def main() -> None:
                 samples, linears, row_bandwidths = {engine: [] for engine in runs}, [], []
                 for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
                     for engine, run in runs.items():
-                        row_bandwidths.append(read_bandwidth())  # the bandwidth this run is about to have
+                        row_bandwidths.append(read_bandwidth(device))  # the bandwidth this run is about to have
                         samples[engine].append(run(b, i, o, vocab))
                     if model_runner is not None:
                         linears.append(decode_linears_time(model_runner, b))
@@ -257,17 +350,19 @@ def main() -> None:
                 rows.append(row)
                 speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
                 print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
-            del runs, hf, model_runner
+            runs = run = runner = hf = model_runner = None  # every engine's weights go before the next load
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
     # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
-    after = machine_peaks()
+    after = machine_peaks(device)
     peaks = {key: max(value, after[key]) for key, value in peaks.items()}
-    bandwidths.append(read_bandwidth())
+    bandwidths.append(read_bandwidth(device))
     peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = statistics.median(bandwidths), bandwidths
     for row in rows:
         add_roofline_shares(row, peaks)
     print_table(rows, peaks)
-    with open(args.output, "w") as f:
-        json.dump({"machine": machine_info(), "peaks": peaks, "rows": rows}, f, indent=1)
+    results = {"machine": machine_info(device), "device": device.type, "peaks": peaks, "rows": rows}
+    write_whole(args.output, lambda f: json.dump(results, f, indent=1))
     print(f"written {args.output}")
 
 
@@ -328,4 +423,4 @@ def print_table(rows, peaks) -> None:
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(cli())

@@ -23,6 +23,7 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 
 from perf import DTYPES, model_dirs, run_minisgl
 from rich.console import Console
@@ -89,7 +90,7 @@ def allocator_lever(model_path: str, dtype: str, args, workloads):
         yield "heap reuse", batch, input_len, off_s, on_s
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["smollm2"], choices=["smollm2", "dummy134"])
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=list(DTYPES))
@@ -99,24 +100,26 @@ def main() -> None:
     parser.add_argument("--allocator", action="store_true", help="compare glibc's settings, not the levers")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--model-path", help=argparse.SUPPRESS)
-    args = parser.parse_args()
+    args = parser.parse_args(argv)
     workloads = [tuple(int(x) for x in w.split(",")) for w in args.workloads]
     if args.child:
         return allocator_child(args, workloads)
     table = Table(title="prefill ms, median: lever off / on")
     for column in ("model", "dtype", "batch, input", "lever", "off", "on", "off / on"):
         table.add_column(column)
-    models = model_dirs()
-    for model_name in args.models:
-        for dtype in args.dtypes:
-            path = models[model_name][0]
-            if args.allocator:
-                results = allocator_lever(path, dtype, args, workloads)
-            else:
-                results = in_process_levers(load_runner(path, dtype, args.compiled, workloads), workloads, args.reps)
-            for lever, batch, input_len, off_s, on_s in results:
-                table.add_row(model_name, dtype, f"{batch}, {input_len}", lever, f"{off_s * 1e3:.1f}",
-                              f"{on_s * 1e3:.1f}", f"{off_s / on_s:.2f}")  # fmt: skip
+    with tempfile.TemporaryDirectory(prefix="minisgl-levers-") as scratch:  # the --allocator children read it too
+        models = model_dirs(args.models, scratch)
+        for model_name in args.models:
+            for dtype in args.dtypes:
+                path = models[model_name][0]
+                if args.allocator:
+                    results = allocator_lever(path, dtype, args, workloads)
+                else:
+                    runner = load_runner(path, dtype, args.compiled, workloads)
+                    results = in_process_levers(runner, workloads, args.reps)
+                for lever, batch, input_len, off_s, on_s in results:
+                    table.add_row(model_name, dtype, f"{batch}, {input_len}", lever, f"{off_s * 1e3:.1f}",
+                                  f"{on_s * 1e3:.1f}", f"{off_s / on_s:.2f}")  # fmt: skip
     Console().print(table)
 
 

@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 import os
 import sys
-import tempfile
 from collections import defaultdict
 
 from minisgl.bench_utils import OneLineErrorParser
+from minisgl.utils.common import write_whole
 
 LATENCY_KEYS = ("run_name", "batch_size", "input_len", "output_len", "prefill_latency", "total_latency")
 METRICS = (
@@ -110,22 +110,10 @@ def save_atomic(fig, output: str) -> None:
     fmt = os.path.splitext(output)[1].lstrip(".").lower() or "png"
     if fmt not in fig.canvas.get_supported_filetypes():
         raise PlotError(f"-o {output}: unknown image format {fmt!r}; use .png, .svg or .pdf")
-    directory = os.path.dirname(os.path.abspath(output))
     try:
-        fd, tmp = tempfile.mkstemp(prefix=".bench_plot.", suffix=f".{fmt}", dir=directory)
+        write_whole(output, lambda f: fig.savefig(f, format=fmt, dpi=100), binary=True)
     except OSError as e:
         raise PlotError(f"-o {output} cannot be written: {e.strerror}") from None
-    try:
-        with os.fdopen(fd, "wb") as f:
-            fig.savefig(f, format=fmt, dpi=100)
-        os.umask(umask := os.umask(0))
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have given
-        os.replace(tmp, output)
-    except BaseException as e:
-        os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise PlotError(f"-o {output} cannot be written: {e.strerror}") from None
-        raise
 
 
 def main(argv: list[str] | None = None) -> int:

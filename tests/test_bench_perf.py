@@ -75,3 +75,73 @@ def test_prefill_levers_switch_off_what_they_name(monkeypatch):
     mlp.gate_up_proj.register_forward_hook(lambda *a: gate_up_calls.append(1))
     mlp(torch.zeros(1 << 18, 16))  # 2**18 rows x 48 floats: 48 MiB of gate_up, three 16 MiB blocks when on
     assert tiled == [] and gate_up_calls == [1]
+
+
+def test_smollm2_shape_has_the_default_models_parameters(perf):
+    """The random-weight stand-in for SmolLM2 (GPU machines cannot fetch the GGUF) has every parameter of the real
+    checkpoint's architecture, name and shape, and its norms' epsilon and RoPE: so its timings are SmolLM2's."""
+    from transformers import LlamaConfig
+
+    from minisgl.model_loader.default_model import default_model_path
+    from minisgl.utils.hf_transformers_utils import get_config
+
+    real, shape = get_config(default_model_path()), LlamaConfig(**perf.RANDOM_LLAMAS["smollm2-shape"])
+    with torch.device("meta"):
+        params = [
+            {n: p.shape for n, p in AutoModelForCausalLM.from_config(c).named_parameters()} for c in (real, shape)
+        ]
+    assert params[0] == params[1]
+    assert shape.rms_norm_eps == pytest.approx(real.rms_norm_eps) and shape.rope_parameters == real.rope_parameters
+
+
+@pytest.mark.parametrize(
+    "argv, message",
+    [
+        (["--workloads", "8,128"], "--workloads 8,128: each must be batch,input,output"),
+        (["--output", "/nonexistent-folder/r.json"], "--output /nonexistent-folder/r.json: its folder does not exist"),
+        (["--models", "gpt2"], "argument --models: invalid choice: 'gpt2'"),
+    ],
+)
+def test_perf_refuses_bad_flags_in_one_line(perf, argv, message, capsys):
+    with pytest.raises(SystemExit) as exit_info:
+        perf.parse_args(argv)
+    err = capsys.readouterr().err
+    assert exit_info.value.code == 2 and err.startswith(f"error: {message}") and err.count("\n") == 1
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="checks the refusal where no GPU is visible")
+def test_perf_refuses_cuda_without_a_gpu(perf, capsys):
+    assert perf.cli(["--device", "cuda", "--models", "dummy134"]) == 2
+    assert capsys.readouterr().err == "error: --device cuda: no CUDA device is visible here; use --device cpu\n"
+
+
+def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch):
+    """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked, and the
+    random-weight checkpoint it saved (half a GB for dummy134 in float32) is gone afterwards."""
+    import json
+    import tempfile
+
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    out = tmp_path / "results.json"
+    argv = ["--models", "dummy134", "--dtypes", "float32", "--workloads", "1,8,3", "--reps", "1",
+            "--engines", "minisgl", "hf", "--output", str(out)]  # fmt: skip
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert perf.cli(argv) == 0
+    data = json.loads(out.read_text())
+    assert data["device"] == "cpu" and len(data["rows"]) == 1
+    row = data["rows"][0]
+    assert (row["model"], row["dtype"], row["batch"], row["input"], row["output"]) == ("dummy134", "float32", 1, 8, 3)
+    assert all(len(row[f"{e}_{phase}_s"]["samples"]) == 1 for e in ("minisgl", "hf") for phase in ("prefill", "decode"))
+    assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
+    assert list(scratch.iterdir()) == []
+
+
+def test_prefill_levers_script_runs_both_levers(monkeypatch, capsys):
+    """``python bench/prefill_levers.py`` on a small workload: a row per lever, each timed off and on."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    levers = importlib.import_module("prefill_levers")
+    levers.main(["--models", "dummy134", "--dtypes", "float32", "--workloads", "1,16", "--reps", "1"])
+    rows = [line for line in capsys.readouterr().out.splitlines() if "dummy134" in line]
+    assert [next(lever for lever in levers.LEVERS if lever in row) for row in rows] == list(levers.LEVERS)

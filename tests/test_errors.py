@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from minisgl.bench_one_batch import cli
 
@@ -129,3 +130,22 @@ def test_batches_beyond_the_request_rows_are_skipped(capsys, tiny_llama, tmp_pat
     out = capsys.readouterr().out
     assert model_runner._MAX_NUM_REQS == 1024
     assert code == 0 and "skipping (1025, 4, 2) due to max batch size limit" in out
+
+
+@pytest.mark.parametrize(
+    "device, message",
+    [("cuda:abc", "--device cuda:abc is not a device; use cuda or cuda:N"),
+     ("cudax", "--device cudax is not a device; use cuda or cuda:N"),
+     ("cuda:1", "--device cuda:1: this machine has 1 CUDA device(s)"),
+     ("tpu", "--device tpu is not supported; use cpu or cuda")],
+)  # fmt: skip
+def test_resolve_device_refuses_what_is_not_there(monkeypatch, device, message):
+    """As on a one-GPU machine: a malformed or absent device index is a one-line InputError, not torch's error."""
+    from minisgl.utils.common import InputError, resolve_device
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    with pytest.raises(InputError) as error:
+        resolve_device(device)
+    assert str(error.value) == message
+    assert resolve_device("cuda:0") == torch.device("cuda", 0) and resolve_device("cuda") == torch.device("cuda")

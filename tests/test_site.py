@@ -201,3 +201,29 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
     assert lines[1] == (
         "| m | float32 | 1, 128, 32 | 40 | 10.0 | 20.0 | 20.0 GB/s (50%) | 10 GFLOP/s (10%) | 30.0 (10.0) | 25.0 (5.0) |\n"
     )
+
+
+def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch):
+    """bench/results-cuda.json, when there, gets its own section with the GPU it ran on and its rows' figures;
+    without it the section says how to make it."""
+    import json
+
+    from reader import site_bench
+
+    monkeypatch.setattr(site_bench, "RESULTS_CUDA", tmp_path / "results-cuda.json")
+    page = site_bench.bench_pages()["reference/bench.md"]
+    assert "## On CUDA" in page and site_bench.CUDA_COMMAND in page and "measured on NVIDIA" not in page
+    data = json.loads(site_bench.RESULTS.read_text())
+    (tmp_path / "results-cuda.json").write_text(json.dumps({**data, "device": "cpu"}))  # DEVICE=cpu's rehearsal
+    page = site_bench.bench_pages()["reference/bench.md"]
+    assert "holds a run on cpu, not on CUDA" in page and "measured on" not in page.split("## On CUDA")[1]
+    data["device"] = "cuda"
+    data["machine"].update(gpu="NVIDIA H200", cuda="13.0", torch="2.11.0+cu130")
+    data["rows"][0]["minisgl_prefill_s"].update(median=0.0123, min=0.0111, max=0.0135)
+    (tmp_path / "results-cuda.json").write_text(json.dumps(data))
+    cpu, cuda = site_bench.bench_pages()["reference/bench.md"].split("## On CUDA")
+    assert "measured on NVIDIA H200 (CUDA 13.0, torch 2.11.0+cu130)" in cuda
+    assert "| 12.3 [11.1-13.5] |" in cuda and "| 12.3 [11.1-13.5] |" not in cpu
+    model = data["rows"][0]["model"]  # each of its rows once in each engine's table
+    expected = len(site_bench._engines(data["rows"])) * sum(r["model"] == model for r in data["rows"])
+    assert cuda.count(f"| {model} |") == expected

@@ -11,7 +11,10 @@ import ctypes
 import functools
 import os
 import platform
+import tempfile
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO
 
 import torch
 
@@ -33,6 +36,11 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise InputError(f"--device {device}: no CUDA device is visible here; use --device cpu")
+        index = device.removeprefix("cuda").removeprefix(":")
+        if device != "cuda" and not (device.startswith("cuda:") and index.isdigit()):
+            raise InputError(f"--device {device} is not a device; use cuda or cuda:N")
+        if index and int(index) >= torch.cuda.device_count():
+            raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
         return torch.device(device)
     if device != "cpu":
         raise InputError(f"--device {device} is not supported; use cpu or cuda")
@@ -49,6 +57,21 @@ def get_available_memory(device: torch.device) -> int:
             if line.startswith("MemAvailable:"):
                 return int(line.split()[1]) * 1024
     return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+
+
+def write_whole(path: str, write: Callable[[IO], None], binary: bool = False) -> None:
+    """Have ``write`` fill a temporary file beside ``path``, then rename it over ``path``: an interrupted write
+    leaves the old file (or none), never a truncated one. The file gets the permissions ``open`` would give it."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{os.path.basename(path)}.", dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "wb" if binary else "w") as f:
+            write(f)
+        os.umask(umask := os.umask(0))
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 -> what open() would have given
+        os.replace(tmp, path)
+    except BaseException:
+        os.unlink(tmp)
+        raise
 
 
 def synchronize(device: torch.device) -> None:
