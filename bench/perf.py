@@ -267,12 +267,29 @@ def summarize(values):
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = OneLineErrorParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=["smollm2", "dummy134"], choices=MODELS)
+    parser.add_argument(
+        "--models",
+        nargs="+",
+        default=["smollm2", "dummy134"],
+        choices=MODELS,
+        help="smollm2: the default GGUF; smollm2-shape: its architecture, random weights",
+    )
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
-    parser.add_argument("--workloads", nargs="+", default=[",".join(map(str, w)) for w in WORKLOADS])
-    parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--engines", nargs="+", default=list(ENGINES), choices=list(ENGINES))
-    parser.add_argument("--output", default="bench/results.json")
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=[",".join(map(str, w)) for w in WORKLOADS],
+        help="batch,input,output per workload (output 2 or more)",
+    )
+    parser.add_argument("--reps", type=int, default=3, help="repetitions per engine and workload, engines alternating")
+    parser.add_argument(
+        "--engines",
+        nargs="+",
+        default=list(ENGINES),
+        choices=list(ENGINES),
+        help="minisgl: eager; compiled: --enable-torch-compile; hf: HF transformers generate",
+    )
+    parser.add_argument("--output", default="bench/results.json", help="the JSON results (the table goes to stdout)")
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every engine and probe runs")
     args = parser.parse_args(argv)
     try:
