@@ -6,7 +6,8 @@
 # A failing test does not stop the benchmark (a GPU's time is scarce): the script exits with the tests' status.
 # That machine's python3 has torch with CUDA, transformers, safetensors, tokenizers and pytest, and no network: minisgl
 # runs from this tree (PYTHONPATH), and SmolLM2's GGUF cannot be fetched there, so its random-weight shape stands in
-# (same parameters, same timings). ENGINES="minisgl compiled hf" adds --enable-torch-compile (a few minutes of compiles).
+# (same parameters, same timings, as bench/perf.py measured).
+# ENGINES="minisgl compiled hf" adds --enable-torch-compile (a few minutes of compiles).
 # Copy the JSON to bench/results-cuda.json here and run `python -m reader site --build`: the results page shows it.
 # Arguments go on to perf.py; a quick rehearsal without a GPU: DEVICE=cpu bash bench/cuda.sh --workloads 1,16,4 --reps 1
 set -euo pipefail

@@ -14,7 +14,9 @@ the memory read bandwidth are measured in the same process, all of it under the 
 minisgl runner makes on CPU (``keep_freed_cpu_memory``; process-wide, so HF's runs get them too). Results: a
 table, and JSON (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a
 synchronize around each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for
-machines that cannot fetch its GGUF (an offline GPU machine): the timings are those of the real weights.
+machines that cannot fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and
+the same times (eager, 1,128,16, both models alternating in one process, median of 8, real -> shape: float32
+prefill 95.9 -> 95.7 ms, decode 23.36 -> 23.75; bfloat16 66.4 -> 66.7, 14.10 -> 13.97).
 """
 
 from __future__ import annotations

@@ -163,13 +163,12 @@ def _machine(machine: dict | None) -> str:
 def _cuda_section() -> list[str]:
     """The CUDA run's tables, or the command that makes them."""
     out = ["\n## On CUDA {#cuda}\n\n"]
+    run_it = f"On a machine with an NVIDIA GPU:\n\n```bash\n{CUDA_COMMAND}\n```\n"
     if not RESULTS_CUDA.exists():
-        out.append(f"No CUDA results yet. On a machine with an NVIDIA GPU:\n\n```bash\n{CUDA_COMMAND}\n```\n")
-        return out
+        return out + [f"No CUDA results yet. {run_it}"]
     data = json.loads(RESULTS_CUDA.read_text())
     if data.get("device") != "cuda":  # a rehearsal of the script on a CPU (DEVICE=cpu), copied by mistake
-        return out + [f"`bench/results-cuda.json` holds a run on {data.get('device', 'cpu')}, not on CUDA. Run on a "
-                      f"machine with an NVIDIA GPU:\n\n```bash\n{CUDA_COMMAND}\n```\n"]  # fmt: skip
+        return out + [f"`bench/results-cuda.json` holds a run on {data.get('device', 'cpu')}, not on CUDA. {run_it}"]
     rows, peaks, machine = data["rows"], data["peaks"], data["machine"]
     out.append(
         f"The same benchmark with `--device cuda`: measured on {machine['gpu']} (CUDA {machine['cuda']}, torch "

@@ -36,8 +36,8 @@ def resolve_device(device: str) -> torch.device:
     if device.startswith("cuda"):
         if not torch.cuda.is_available():
             raise InputError(f"--device {device}: no CUDA device is visible here; use --device cpu")
-        index = device.removeprefix("cuda").removeprefix(":")
-        if device != "cuda" and not (device.startswith("cuda:") and index.isdigit()):
+        name, _, index = device.partition(":")
+        if device != "cuda" and not (name == "cuda" and index.isdigit()):
             raise InputError(f"--device {device} is not a device; use cuda or cuda:N")
         if index and int(index) >= torch.cuda.device_count():
             raise InputError(f"--device {device}: this machine has {torch.cuda.device_count()} CUDA device(s)")
