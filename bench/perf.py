@@ -8,71 +8,54 @@ minisgl runs through the same code as ``bench_one_batch`` (``load_model`` + ``la
 (engine ``minisgl``) and with ``--enable-torch-compile`` (engine ``compiled``; it compiles in the warm-up, as
 in the bench);
 HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same weights, each step timed by a
-logits processor that stamps the clock as every new token's logits arrive. Engines alternate
-between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and
-the memory read bandwidth are measured in the same process, all of it under the glibc heap settings a
-minisgl runner makes on CPU (``keep_freed_cpu_memory``; process-wide, so HF's runs get them too). Results: a
-table, and JSON (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a
-synchronize around each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for
-machines that cannot fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and
-the same times (eager, 1,128,16, both models alternating in one process, median of 8, real -> shape: float32
-prefill 95.9 -> 95.7 ms, decode 23.36 -> 23.75; bfloat16 66.4 -> 66.7, 14.10 -> 13.97).
+logits processor that stamps the clock as every new token's logits arrive. Each engine runs in a process of its
+own for the whole run (``bench/engines.py``): minisgl's runners set their glibc heap settings
+(``keep_freed_cpu_memory``) in theirs, and HF keeps glibc's defaults, as a user would run it. Engines alternate
+between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and the memory
+read bandwidth are measured in this parent process, while the engines wait. Results: a table, and JSON
+(``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a synchronize around
+each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for machines that cannot
+fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and the same times
+(eager, 1,128,16, both models alternating in one process, median of 8, real -> shape: float32 prefill
+95.9 -> 95.7 ms, decode 23.36 -> 23.75; bfloat16 66.4 -> 66.7, 14.10 -> 13.97).
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import io
 import json
 import os
 import statistics
 import sys
 import tempfile
-import time
-from dataclasses import replace
-from functools import partial
 
-os.environ.setdefault("HF_HUB_OFFLINE", "1")
-
-import torch  # noqa: E402
-from rich.console import Console  # noqa: E402
-from rich.table import Table  # noqa: E402
-from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
-
-from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
-from minisgl.bench_utils import OneLineErrorParser  # noqa: E402
-from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear, apply_linear, prepack_weight  # noqa: E402
-from minisgl.model_loader.default_model import default_model_path  # noqa: E402
-from minisgl.server_args import ServerArgs  # noqa: E402
-from minisgl.utils.common import (  # noqa: E402
-    InputError,
-    keep_freed_cpu_memory,
-    resolve_device,
-    synchronize,
-    write_whole,
+import torch
+from engines import (  # bench/engines.py: this script's folder is first on sys.path
+    CPU,
+    DTYPES,
+    ENGINES,
+    MODELS,
+    RANDOM_LLAMAS,
+    EngineProcess,
+    best_time,
+    decode_linear_weights,
+    decode_linears_time,
+    load_hf,
+    meta_model,
+    model_paths,
+    run_times,
 )
+from rich.console import Console
+from rich.table import Table
+
+from minisgl.bench_utils import OneLineErrorParser
+from minisgl.layers.linear import apply_linear, prepack_weight
+from minisgl.utils.common import InputError, resolve_device, write_whole
+
+__all__ = ["RANDOM_LLAMAS", "decode_linear_weights", "decode_linears_time", "load_hf"]  # for the tests
 
 WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-ENGINES = {"minisgl": "eager", "compiled": "compiled", "hf": "HF"}  # engine -> its short name in the table
-CPU = torch.device("cpu")
-
-
-def run_times(fn, reps: int, device: torch.device = CPU) -> list[float]:
-    fn()
-    times = []
-    for _ in range(reps):
-        synchronize(device)
-        tic = time.perf_counter()
-        fn()
-        synchronize(device)
-        times.append(time.perf_counter() - tic)
-    return times
-
-
-def best_time(fn, reps: int, device: torch.device = CPU) -> float:
-    return min(run_times(fn, reps, device))
 
 
 def machine_peaks(device: torch.device = CPU, reps: int = 5) -> dict:
@@ -135,83 +118,6 @@ def machine_info(device: torch.device = CPU) -> dict:
     return info
 
 
-def decode_linear_weights(model) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
-    """(weight, bias) of every linear layer of a loaded minisgl model and of its LM head, as its kernels read them."""
-    layers = [(m.weight, m.bias) for m in model.modules() if isinstance(m, (ReplicatedLinear, RowParallelLinear))]
-    head = model.lm_head.packed_weight if model.lm_head.packed_weight is not None else model.lm_head.weight
-    return [*layers, (head, None)]
-
-
-def decode_linears_time(model_runner, batch: int) -> float:
-    """One decode step's weight reads alone: ``decode_linear_weights`` of the eager engine's model, with its own
-    prepacked weights through ``apply_linear``, on ``batch`` rows (the fastest of three passes).
-
-    Set beside the step time, it splits a decode step into what the linear kernels need to stream the weights and
-    everything else (attention, norms, RoPE, framework time); set beside the floor, it shows how fast those
-    kernels read memory.
-    """
-    layers = decode_linear_weights(model_runner.model)
-    device = layers[0][0].device
-    inputs = [torch.randn(batch, weight.shape[1], dtype=weight.dtype, device=device) for weight, _ in layers]
-
-    def step():
-        for (weight, bias), x in zip(layers, inputs):
-            apply_linear(x, weight, bias)
-
-    if device.type == "cuda":
-        # Launched one by one, a step's ~200 small GEMMs take the CPU longer to queue than the GPU to run; replayed
-        # as one CUDA graph, the timing is the GPU's reads.
-        step()  # cuBLAS sets up its handles and workspaces before the capture
-        graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
-            step()
-        step = graph.replay
-    return best_time(step, 3, device)
-
-
-# Random-weight Llamas: the dummy 134M shape of issue #5, and SmolLM2-135M's own shape (its GGUF's config, which
-# tests/test_bench_perf.py checks) for machines that cannot fetch the GGUF.
-RANDOM_LLAMAS = {
-    "dummy134": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
-                     num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
-                     tie_word_embeddings=False),
-    "smollm2-shape": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
-                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
-                          rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
-                          tie_word_embeddings=True),
-}  # fmt: skip
-MODELS = ["smollm2", *RANDOM_LLAMAS]
-
-
-def _save_word_tokenizer(directory: str) -> None:
-    """A one-word tokenizer: bench_one_batch loads one, and the workload is synthetic ids that never meet it."""
-    from tokenizers import Tokenizer
-    from tokenizers.models import WordLevel
-    from transformers import PreTrainedTokenizerFast
-
-    backend = Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>"))
-    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(directory)
-
-
-def model_dirs(names: list[str], scratch: str) -> dict:
-    """The chosen models, as (model_path for minisgl, loader for the same weights in HF); random-weight ones are
-    saved under ``scratch``."""
-    models = {}
-    if "smollm2" in names:
-        smol = default_model_path()
-        directory, name = smol.rsplit("/", 1)
-        models["smollm2"] = (smol, lambda dtype: AutoModelForCausalLM.from_pretrained(directory, gguf_file=name,
-                                                                                      dtype=dtype))  # fmt: skip
-    for model_name in (n for n in names if n in RANDOM_LLAMAS):
-        path = os.path.join(scratch, model_name)
-        torch.manual_seed(0)
-        config = LlamaConfig(**RANDOM_LLAMAS[model_name], architectures=["LlamaForCausalLM"])
-        AutoModelForCausalLM.from_config(config).save_pretrained(path)
-        _save_word_tokenizer(path)
-        models[model_name] = (path, lambda dtype, path=path: AutoModelForCausalLM.from_pretrained(path, dtype=dtype))
-    return models
-
-
 def exact_prefill_flops(model, batch: int, input_len: int) -> float:
     cfg = model.config
     layer_params = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n)
@@ -226,40 +132,6 @@ def decode_bytes(model) -> int:
     total = sum(p.numel() * p.element_size() for p in model.parameters())
     tied = model.config.tie_word_embeddings
     return total if tied else total - embed.numel() * embed.element_size()
-
-
-def run_minisgl(runner, batch, input_len, output_len, vocab):
-    reqs = prepare_synthetic_inputs_for_latency_test(batch, input_len, output_len, vocab, seed=0)
-    with contextlib.redirect_stdout(io.StringIO()):
-        r = latency_test_run_once("perf", runner, print, reqs, batch, input_len, output_len, 0, False, False,
-                                  ("CPU",), "", "all")  # fmt: skip
-    return r["prefill_latency"], r["median_decode_latency"]
-
-
-class _StepClock(LogitsProcessor):
-    """Called by ``generate`` once per new token, right after that step's forward: a timestamp per step (on CUDA,
-    once the step's kernels are done)."""
-
-    def __init__(self, device: torch.device = CPU):
-        self.device, self.stamps = device, []
-
-    def __call__(self, input_ids, scores):
-        synchronize(self.device)
-        self.stamps.append(time.perf_counter())
-        return scores
-
-
-def run_hf(model, batch, input_len, output_len, vocab):
-    """Prefill = start to the first step's logits; decode = median gap between later steps' logits."""
-    ids = torch.randint(0, min(vocab, 10000), (batch, input_len), generator=torch.Generator().manual_seed(0))
-    ids, clock = ids.to(model.device), _StepClock(model.device)
-    synchronize(model.device)
-    tic = time.perf_counter()
-    with torch.no_grad():
-        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, eos_token_id=None,
-                       pad_token_id=0, logits_processor=LogitsProcessorList([clock]))  # fmt: skip
-    steps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
-    return clock.stamps[0] - tic, statistics.median(steps)
 
 
 def summarize(values):
@@ -283,7 +155,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default=[",".join(map(str, w)) for w in WORKLOADS],
         help="batch,input,output per workload (output 2 or more)",
     )
-    parser.add_argument("--reps", type=int, default=3, help="repetitions per engine and workload, engines alternating")
+    parser.add_argument("--reps", type=int, default=5, help="repetitions per engine and workload, engines alternating")
     parser.add_argument(
         "--engines",
         nargs="+",
@@ -323,66 +195,61 @@ def cli(argv: list[str] | None = None) -> int:
 
 def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     workloads = args.workloads
-    # The first minisgl runner would set this anyway, process-wide: set first, every engine and probe runs alike.
-    keep_freed_cpu_memory()
     peaks, bandwidths = machine_peaks(device), [read_bandwidth(device)]
-    models = model_dirs(args.models, scratch)
+    paths = model_paths(args.models, scratch)
     rows = []
-    for model_name in args.models:
-        path, hf_loader = models[model_name]
-        for dtype_name in args.dtypes:
-            max_tokens = max(b * (i + o) for b, i, o in workloads) + 64
-            server_args = ServerArgs(model_path=path, dtype=dtype_name, max_total_tokens=max_tokens, device=args.device)
-            hf = hf_loader(DTYPES[dtype_name]).eval().to(device)
-            vocab = hf.config.vocab_size
-            runs, model_runner = {}, None
-            for engine in args.engines:
-                if engine == "hf":
-                    runs[engine] = partial(run_hf, hf)
-                    continue
-                with contextlib.redirect_stdout(io.StringIO()):
-                    runner, _ = load_model(replace(server_args, enable_torch_compile=engine == "compiled"), 0)
-                runs[engine] = partial(run_minisgl, runner)
-                if engine == "minisgl":  # compiled, the weights stay plain for Inductor to pack
-                    model_runner = runner.torch_runner
-            for b, i, o in workloads:
-                for run in runs.values():
-                    run(b, i, min(o, 4), vocab)  # warm-up (and compile), as the bench does
-                samples, linears, row_bandwidths = {engine: [] for engine in runs}, [], []
-                for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
-                    for engine, run in runs.items():
-                        row_bandwidths.append(read_bandwidth(device))  # the bandwidth this run is about to have
-                        samples[engine].append(run(b, i, o, vocab))
-                    if model_runner is not None:
-                        linears.append(decode_linears_time(model_runner, b))
-                row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
-                for engine, values in samples.items():
-                    row[f"{engine}_prefill_s"] = summarize([v[0] for v in values])
-                    row[f"{engine}_decode_s"] = summarize([v[1] for v in values])
-                if linears:
-                    row["decode_linears_s"] = summarize(linears)
-                row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(hf, b, i), decode_bytes(hf)
-                row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
-                row["read_bandwidth_samples"] = row_bandwidths
-                bandwidths += row_bandwidths
-                add_speedups(row)
-                rows.append(row)
-                speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
-                print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
-            runs = run = runner = hf = model_runner = None  # every engine's weights go before the next load
-            if device.type == "cuda":
-                torch.cuda.empty_cache()
+    with contextlib.ExitStack() as stack:
+        engines = {name: stack.enter_context(EngineProcess(name, device)) for name in args.engines}
+        for model_name in args.models:
+            for dtype_name in args.dtypes:
+                max_tokens = max(b * (i + o) for b, i, o in workloads) + 64
+                for engine in engines.values():
+                    engine.call("load", paths[model_name], dtype_name, max_tokens)
+                rows += run_rows(args, device, engines, model_name, dtype_name, paths[model_name])
+                for engine in engines.values():  # every engine's weights go before the next load
+                    engine.call("unload")
     # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
     after = machine_peaks(device)
     peaks = {key: max(value, after[key]) for key, value in peaks.items()}
-    bandwidths.append(read_bandwidth(device))
+    bandwidths += [b for row in rows for b in row["read_bandwidth_samples"]] + [read_bandwidth(device)]
     peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = statistics.median(bandwidths), bandwidths
     for row in rows:
         add_roofline_shares(row, peaks)
     print_table(rows, peaks)
-    results = {"machine": machine_info(device), "device": device.type, "peaks": peaks, "rows": rows}
+    results = {"machine": machine_info(device), "device": device.type, "process_per_engine": True, "peaks": peaks,
+               "rows": rows}  # fmt: skip
     write_whole(args.output, lambda f: json.dump(results, f, indent=1))
     print(f"written {args.output}")
+
+
+def run_rows(args, device: torch.device, engines: dict, model_name: str, dtype_name: str, path: str) -> list[dict]:
+    """One row per workload for a model and dtype the engines have loaded: every engine's repetitions, alternating."""
+    counted = meta_model(path, DTYPES[dtype_name])  # FLOPs and weight bytes from the architecture, on no memory
+    rows = []
+    for b, i, o in args.workloads:
+        for engine in engines.values():
+            engine.call("run", b, i, min(o, 4))  # warm-up (and compile), as the bench does
+        samples, linears, row_bandwidths = {name: [] for name in engines}, [], []
+        for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
+            for name, engine in engines.items():
+                row_bandwidths.append(read_bandwidth(device))  # the bandwidth this run is about to have
+                samples[name].append(engine.call("run", b, i, o))
+            if "minisgl" in engines:
+                linears.append(engines["minisgl"].call("linears", b))
+        row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
+        for name, values in samples.items():
+            row[f"{name}_prefill_s"] = summarize([v[0] for v in values])
+            row[f"{name}_decode_s"] = summarize([v[1] for v in values])
+        if linears:
+            row["decode_linears_s"] = summarize(linears)
+        row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(counted, b, i), decode_bytes(counted)
+        row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
+        row["read_bandwidth_samples"] = row_bandwidths
+        add_speedups(row)
+        rows.append(row)
+        speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
+        print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
+    return rows
 
 
 def add_speedups(row: dict) -> None:

@@ -25,7 +25,7 @@ import subprocess
 import sys
 import tempfile
 
-from perf import DTYPES, model_dirs, run_minisgl
+from engines import DTYPES, model_paths, run_minisgl
 from rich.console import Console
 from rich.table import Table
 
@@ -108,10 +108,10 @@ def main(argv: list[str] | None = None) -> None:
     for column in ("model", "dtype", "batch, input", "lever", "off", "on", "off / on"):
         table.add_column(column)
     with tempfile.TemporaryDirectory(prefix="minisgl-levers-") as scratch:  # the --allocator children read it too
-        models = model_dirs(args.models, scratch)
+        models = model_paths(args.models, scratch)
         for model_name in args.models:
             for dtype in args.dtypes:
-                path = models[model_name][0]
+                path = models[model_name]
                 if args.allocator:
                     results = allocator_lever(path, dtype, args, workloads)
                 else:

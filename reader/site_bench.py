@@ -183,6 +183,14 @@ def _cuda_section() -> list[str]:
     return out
 
 
+def _processes(data: dict) -> str:
+    """How the engines shared the machine: results from before perf.py ran each engine apart say so."""
+    if data.get("process_per_engine"):
+        return ("each engine in a process of its own (minisgl's runners with their heap settings, HF under glibc's "
+                "defaults)")  # fmt: skip
+    return "all engines in one process (under minisgl's heap settings, HF too)"
+
+
 def bench_pages() -> dict[str, str]:
     """``reference/bench.md`` (and its chart when results exist)."""
     out = [HEADER, "# Benchmark results {#bench}\n\n"]
@@ -195,7 +203,7 @@ def bench_pages() -> dict[str, str]:
     out.append(
         "minisgl (through `bench_one_batch`'s own code; eagerly, and with `--enable-torch-compile` where the "
         "results have it) against HF transformers `generate` (greedy, sdpa, its "
-        "default cache) on the same weights, engines alternating between repetitions; medians of the "
+        f"default cache) on the same weights, {_processes(data)}, engines alternating between repetitions; medians of the "
         "repetitions, min and max in brackets. A speedup above 1 means minisgl is faster. Prefill is shown as a "
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time.\n\n"

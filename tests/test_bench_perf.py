@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import io
 import math
+import sys
 
 import pytest
 import torch
@@ -21,10 +22,13 @@ from reader.views import REPO_ROOT
 
 @pytest.fixture(scope="module")
 def perf():
+    # perf.py imports its sibling bench/engines.py, as when it runs as a script (its folder first on sys.path)
+    sys.path.insert(0, str(REPO_ROOT / "bench"))
     spec = importlib.util.spec_from_file_location("bench_perf", REPO_ROOT / "bench" / "perf.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    return module
+    yield module
+    sys.path.remove(str(REPO_ROOT / "bench"))
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # untied and tied LM head
@@ -44,6 +48,33 @@ def test_decode_linears_read_the_floor_bytes(perf, model, dtype, request):
     prepacked = prepack_weight(torch.zeros(8, 8, dtype=getattr(torch, dtype))).is_mkldnn
     assert all(weight.is_mkldnn == prepacked for weight, _ in layers)
     perf.decode_linears_time(runner.torch_runner, 2)  # smoke: the inputs fit the weights of every layout
+
+
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2", "smollm2"])
+def test_counts_from_the_config_equal_the_loaded_models(perf, model, request):
+    """The parent counts FLOPs and weight bytes on a meta-device model built from the config alone: they equal the
+    counts of the model HF loads from the same checkpoint (the default GGUF included), in both dtypes."""
+    from minisgl.model_loader.default_model import default_model_path
+
+    path = default_model_path() if model == "smollm2" else request.getfixturevalue(model)
+    for dtype in (torch.float32, torch.bfloat16):
+        counted, loaded = perf.meta_model(path, dtype), perf.load_hf(path, dtype)
+        assert perf.decode_bytes(counted) == perf.decode_bytes(loaded)
+        assert perf.exact_prefill_flops(counted, 8, 128) == perf.exact_prefill_flops(loaded, 8, 128)
+
+
+def test_an_engine_process_reports_a_failure_and_keeps_serving(perf, tiny_llama):
+    """A failed call comes back as one error naming the engine, with the engine process's own traceback (bad input:
+    minisgl's one-line InputError, as it is); the process goes on to load and time the next model."""
+    with perf.EngineProcess("minisgl", torch.device("cpu")) as engine:
+        with pytest.raises(RuntimeError, match=r"(?s)the minisgl engine failed:.*Traceback .*in load"):
+            engine.call("load", tiny_llama, "float64", 64)
+        with pytest.raises(perf.InputError, match="^model path /nonexistent does not exist"):
+            engine.call("load", "/nonexistent", "float32", 64)
+        engine.call("load", tiny_llama, "float32", 64)
+        prefill, decode = engine.call("run", 1, 8, 3)
+        assert prefill > 0 and decode > 0
+    assert engine.process.exitcode == 0
 
 
 def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):

@@ -100,7 +100,8 @@ def keep_freed_cpu_memory() -> bool:
     bfloat16 prefill at 32x256 took ~270k-840k page faults per run (1.1-3.4 GB). Blocks up to glibc's limit of
     32 MiB now always come from a heap, and each heap (one per thread arena) keeps up to 1 GiB of free space at
     its top for reuse; larger blocks are still mapped afresh every time. Set once per process, for the whole
-    process (a library run beside minisgl, HF in ``bench/perf.py``, gets it too); skipped where
+    process (a library run beside minisgl in it gets it too; ``bench/perf.py`` runs HF in a process of its own, under
+    glibc's defaults); skipped where
     ``MINISGL_KEEP_FREED_CPU_MEMORY=0`` or glibc's own variables (``USER_MALLOC_SETTINGS``) are set.
     Returns whether mallopt accepted the settings (False when skipped or under another C library; an allocator
     preloaded over glibc's may accept them and ignore them). SGLang's CPU guide instead preloads tcmalloc or

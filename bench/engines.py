@@ -1,0 +1,267 @@
+"""The engines ``bench/perf.py`` times, each in a process of its own, and the models they run.
+
+An ``EngineProcess`` is one engine (``minisgl`` eager, ``compiled``, ``hf``) served from a spawned process for the
+whole benchmark: the parent sends it a model to load, then workloads to run, one at a time, so that the engines
+alternate while each keeps its own heap, threads and compiled graphs. A minisgl engine runs the bench's own code
+(``load_model`` + ``latency_test_run_once``); its runner sets the glibc heap settings it makes on CPU
+(``keep_freed_cpu_memory``) in that process only, and HF runs under glibc's defaults, as a user would run it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import io
+import multiprocessing
+import os
+import statistics
+import time
+import traceback
+from multiprocessing.connection import Connection
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+import torch  # noqa: E402
+from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
+
+from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
+from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear, apply_linear  # noqa: E402
+from minisgl.model_loader.default_model import default_model_path  # noqa: E402
+from minisgl.server_args import ServerArgs  # noqa: E402
+from minisgl.utils.common import InputError, synchronize  # noqa: E402
+from minisgl.utils.hf_transformers_utils import get_config  # noqa: E402
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+ENGINES = {"minisgl": "eager", "compiled": "compiled", "hf": "HF"}  # engine -> its short name in the table
+CPU = torch.device("cpu")
+
+# Random-weight Llamas: the dummy 134M shape of issue #5, and SmolLM2-135M's own shape (its GGUF's config, which
+# tests/test_bench_perf.py checks) for machines that cannot fetch the GGUF.
+RANDOM_LLAMAS = {
+    "dummy134": dict(vocab_size=32000, hidden_size=768, intermediate_size=2048, num_hidden_layers=12,
+                     num_attention_heads=12, num_key_value_heads=12, max_position_embeddings=2048,
+                     tie_word_embeddings=False),
+    "smollm2-shape": dict(vocab_size=49152, hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+                          num_attention_heads=9, num_key_value_heads=3, max_position_embeddings=8192,
+                          rms_norm_eps=1e-5, rope_parameters={"rope_type": "default", "rope_theta": 100000.0},
+                          tie_word_embeddings=True),
+}  # fmt: skip
+MODELS = ["smollm2", *RANDOM_LLAMAS]
+
+
+def run_times(fn, reps: int, device: torch.device = CPU) -> list[float]:
+    fn()
+    times = []
+    for _ in range(reps):
+        synchronize(device)
+        tic = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - tic)
+    return times
+
+
+def best_time(fn, reps: int, device: torch.device = CPU) -> float:
+    return min(run_times(fn, reps, device))
+
+
+def _save_word_tokenizer(directory: str) -> None:
+    """A one-word tokenizer: bench_one_batch loads one, and the workload is synthetic ids that never meet it."""
+    from tokenizers import Tokenizer
+    from tokenizers.models import WordLevel
+    from transformers import PreTrainedTokenizerFast
+
+    backend = Tokenizer(WordLevel({"<unk>": 0}, unk_token="<unk>"))
+    PreTrainedTokenizerFast(tokenizer_object=backend, unk_token="<unk>").save_pretrained(directory)
+
+
+def model_paths(names: list[str], scratch: str) -> dict[str, str]:
+    """The chosen models' paths, as minisgl's ``--model-path`` takes them (the GGUF file, or a HF directory);
+    random-weight ones are saved under ``scratch``."""
+    paths = {}
+    if "smollm2" in names:
+        paths["smollm2"] = default_model_path()
+    for model_name in (n for n in names if n in RANDOM_LLAMAS):
+        paths[model_name] = path = os.path.join(scratch, model_name)
+        torch.manual_seed(0)
+        config = LlamaConfig(**RANDOM_LLAMAS[model_name], architectures=["LlamaForCausalLM"])
+        AutoModelForCausalLM.from_config(config).save_pretrained(path)
+        _save_word_tokenizer(path)
+    return paths
+
+
+def load_hf(path: str | os.PathLike, dtype: torch.dtype):
+    """The same weights in HF transformers: a GGUF through its ``gguf_file`` loader, a directory as it is."""
+    path = os.fspath(path)
+    if path.endswith(".gguf"):
+        directory, name = os.path.split(path)
+        return AutoModelForCausalLM.from_pretrained(directory, gguf_file=name, dtype=dtype)
+    return AutoModelForCausalLM.from_pretrained(path, dtype=dtype)
+
+
+def meta_model(path: str | os.PathLike, dtype: torch.dtype):
+    """HF's model of ``path``'s config on the meta device: its parameters' names, shapes and dtype, no weights.
+    What the FLOP and byte counts read, without loading a model in the parent process."""
+    with torch.device("meta"):
+        return AutoModelForCausalLM.from_config(get_config(os.fspath(path)), dtype=dtype)
+
+
+def run_minisgl(runner, batch, input_len, output_len, vocab):
+    reqs = prepare_synthetic_inputs_for_latency_test(batch, input_len, output_len, vocab, seed=0)
+    with contextlib.redirect_stdout(io.StringIO()):
+        r = latency_test_run_once("perf", runner, print, reqs, batch, input_len, output_len, 0, False, False,
+                                  ("CPU",), "", "all")  # fmt: skip
+    return r["prefill_latency"], r["median_decode_latency"]
+
+
+class _StepClock(LogitsProcessor):
+    """Called by ``generate`` once per new token, right after that step's forward: a timestamp per step (on CUDA,
+    once the step's kernels are done)."""
+
+    def __init__(self, device: torch.device = CPU):
+        self.device, self.stamps = device, []
+
+    def __call__(self, input_ids, scores):
+        synchronize(self.device)
+        self.stamps.append(time.perf_counter())
+        return scores
+
+
+def run_hf(model, batch, input_len, output_len, vocab):
+    """Prefill = start to the first step's logits; decode = median gap between later steps' logits."""
+    ids = torch.randint(0, min(vocab, 10000), (batch, input_len), generator=torch.Generator().manual_seed(0))
+    ids, clock = ids.to(model.device), _StepClock(model.device)
+    synchronize(model.device)
+    tic = time.perf_counter()
+    with torch.no_grad():
+        model.generate(ids, max_new_tokens=output_len, min_new_tokens=output_len, do_sample=False, eos_token_id=None,
+                       pad_token_id=0, logits_processor=LogitsProcessorList([clock]))  # fmt: skip
+    steps = [b - a for a, b in zip(clock.stamps, clock.stamps[1:])]
+    return clock.stamps[0] - tic, statistics.median(steps)
+
+
+def decode_linear_weights(model) -> list[tuple[torch.Tensor, torch.Tensor | None]]:
+    """(weight, bias) of every linear layer of a loaded minisgl model and of its LM head, as its kernels read them."""
+    layers = [(m.weight, m.bias) for m in model.modules() if isinstance(m, (ReplicatedLinear, RowParallelLinear))]
+    head = model.lm_head.packed_weight if model.lm_head.packed_weight is not None else model.lm_head.weight
+    return [*layers, (head, None)]
+
+
+def decode_linears_time(model_runner, batch: int) -> float:
+    """One decode step's weight reads alone: ``decode_linear_weights`` of the eager engine's model, with its own
+    prepacked weights through ``apply_linear``, on ``batch`` rows (the fastest of three passes).
+
+    Set beside the step time, it splits a decode step into what the linear kernels need to stream the weights and
+    everything else (attention, norms, RoPE, framework time); set beside the floor, it shows how fast those
+    kernels read memory.
+    """
+    layers = decode_linear_weights(model_runner.model)
+    device = layers[0][0].device
+    inputs = [torch.randn(batch, weight.shape[1], dtype=weight.dtype, device=device) for weight, _ in layers]
+
+    def step():
+        for (weight, bias), x in zip(layers, inputs):
+            apply_linear(x, weight, bias)
+
+    if device.type == "cuda":
+        # Launched one by one, a step's ~200 small GEMMs take the CPU longer to queue than the GPU to run; replayed
+        # as one CUDA graph, the timing is the GPU's reads.
+        step()  # cuBLAS sets up its handles and workspaces before the capture
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            step()
+        step = graph.replay
+    return best_time(step, 3, device)
+
+
+class Engine:
+    """One engine's loaded model and its timed runs, inside the engine's process."""
+
+    def __init__(self, name: str, device: torch.device):
+        self.name, self.device = name, device
+        self.model = None  # HF's model, or minisgl's bench runner
+        self.vocab = 0
+
+    def load(self, path: str, dtype_name: str, max_tokens: int) -> None:
+        self.unload()
+        if self.name == "hf":
+            self.model = load_hf(path, DTYPES[dtype_name]).eval().to(self.device)
+            self.vocab = self.model.config.vocab_size
+            return
+        server_args = ServerArgs(model_path=path, dtype=dtype_name, max_total_tokens=max_tokens,
+                                 device=str(self.device), enable_torch_compile=self.name == "compiled")  # fmt: skip
+        with contextlib.redirect_stdout(io.StringIO()):
+            self.model, _ = load_model(server_args, 0)
+        self.vocab = self.model.torch_runner.model_config.vocab_size
+
+    def run(self, batch: int, input_len: int, output_len: int) -> tuple[float, float]:
+        """(prefill seconds, median decode step seconds) of one workload."""
+        run = run_hf if self.name == "hf" else run_minisgl
+        return run(self.model, batch, input_len, output_len, self.vocab)
+
+    def linears(self, batch: int) -> float:
+        return decode_linears_time(self.model.torch_runner, batch)
+
+    def unload(self) -> None:
+        """Every weight goes before the next load; compiled graphs hold frozen copies of them, so they go too."""
+        self.model = None
+        if self.name == "compiled":
+            torch._dynamo.reset()
+        gc.collect()
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()
+
+
+def serve(name: str, device: str, conn: Connection) -> None:
+    """An engine process's loop: ``(method, *args)`` requests in, ``(status, value)`` answers out, until exit."""
+    engine = Engine(name, torch.device(device))
+    while (request := conn.recv())[0] != "exit":
+        method, *args = request
+        try:
+            conn.send(("ok", getattr(engine, method)(*args)))
+        except InputError as e:
+            conn.send(("input", str(e)))
+        except Exception:  # noqa: BLE001 - the parent reports it, with this process's traceback
+            conn.send(("error", traceback.format_exc()))
+
+
+class EngineProcess:
+    """The parent's handle on one engine process: ``call("load", ...)``, ``call("run", ...)``, then ``close()``.
+
+    Spawned, not forked: a fork would copy the parent's torch threads and, on CUDA, could not initialize the GPU.
+    """
+
+    def __init__(self, name: str, device: torch.device):
+        context = multiprocessing.get_context("spawn")
+        self.name = name
+        self.conn, child = context.Pipe()
+        self.process = context.Process(target=serve, args=(name, str(device), child), name=f"perf-{name}", daemon=True)
+        self.process.start()
+        child.close()
+
+    def call(self, method: str, *args):
+        self.conn.send((method, *args))
+        try:
+            status, value = self.conn.recv()
+        except EOFError:
+            self.process.join(5)
+            raise RuntimeError(f"the {self.name} engine's process died (exit code {self.process.exitcode})") from None
+        if status == "input":
+            raise InputError(value)
+        if status == "error":
+            raise RuntimeError(f"the {self.name} engine failed:\n{value}")
+        return value
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.conn.send(("exit",))
+        self.process.join(30)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+
+    def __enter__(self) -> EngineProcess:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
