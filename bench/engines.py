@@ -243,7 +243,7 @@ class EngineProcess:
         self.conn.send((method, *args))
         try:
             status, value = self.conn.recv()
-        except EOFError:
+        except (EOFError, OSError):  # the process is gone: it died, or never got to serve
             self.process.join(5)
             raise RuntimeError(f"the {self.name} engine's process died (exit code {self.process.exitcode})") from None
         if status == "input":
