@@ -215,6 +215,8 @@ class Engine:
 def serve(name: str, device: str, conn: Connection) -> None:
     """An engine process's loop: ``(method, *args)`` requests in, ``(status, value)`` answers out, until exit."""
     engine = Engine(name, torch.device(device))
+    if engine.device.type == "cuda":
+        torch.cuda.set_device(engine.device)  # cuda:N's graphs and streams are captured on the current device
     while (request := conn.recv())[0] != "exit":
         method, *args = request
         try:
@@ -228,7 +230,8 @@ def serve(name: str, device: str, conn: Connection) -> None:
 class EngineProcess:
     """The parent's handle on one engine process: ``call("load", ...)``, ``call("run", ...)``, then ``close()``.
 
-    Spawned, not forked: a fork would copy the parent's torch threads and, on CUDA, could not initialize the GPU.
+    Spawned, not forked: a forked child would inherit the state and locks of the parent's thread pools without their
+    threads, and could not initialize CUDA.
     """
 
     def __init__(self, name: str, device: torch.device):
@@ -240,10 +243,10 @@ class EngineProcess:
         child.close()
 
     def call(self, method: str, *args):
-        self.conn.send((method, *args))
         try:
+            self.conn.send((method, *args))
             status, value = self.conn.recv()
-        except (EOFError, OSError):  # the process is gone: it died, or never got to serve
+        except (EOFError, OSError):  # the process is gone (a broken pipe on send, EOF on receive)
             self.process.join(5)
             raise RuntimeError(f"the {self.name} engine's process died (exit code {self.process.exitcode})") from None
         if status == "input":

@@ -12,7 +12,8 @@ logits processor that stamps the clock as every new token's logits arrive. Each 
 own for the whole run (``bench/engines.py``): minisgl's runners set their glibc heap settings
 (``keep_freed_cpu_memory``) in theirs, and HF keeps glibc's defaults, as a user would run it. Engines alternate
 between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and the memory
-read bandwidth are measured in this parent process, while the engines wait. Results: a table, and JSON
+read bandwidth are measured in this parent process while the engines wait, under the same heap settings (without
+them each product's fresh output is faulted in: the peak is what the machine can reach). Results: a table, and JSON
 (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a synchronize around
 each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for machines that cannot
 fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and the same times
@@ -24,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import functools
 import json
 import os
 import statistics
@@ -36,12 +38,8 @@ from engines import (  # bench/engines.py: this script's folder is first on sys.
     DTYPES,
     ENGINES,
     MODELS,
-    RANDOM_LLAMAS,
     EngineProcess,
     best_time,
-    decode_linear_weights,
-    decode_linears_time,
-    load_hf,
     meta_model,
     model_paths,
     run_times,
@@ -51,13 +49,27 @@ from rich.table import Table
 
 from minisgl.bench_utils import OneLineErrorParser
 from minisgl.layers.linear import apply_linear, prepack_weight
-from minisgl.utils.common import InputError, resolve_device, write_whole
-
-__all__ = ["RANDOM_LLAMAS", "decode_linear_weights", "decode_linears_time", "load_hf"]  # for the tests
+from minisgl.utils.common import InputError, keep_freed_cpu_memory, resolve_device, write_whole
 
 WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
 
 
+def hands_back_gpu_memory(probe):
+    """On CUDA, a probe's buffers go back to the driver as it returns: the engines, in their own processes, could not
+    use the memory this process's caching allocator would keep."""
+
+    @functools.wraps(probe)
+    def measure(device: torch.device = CPU, *args, **kwargs):
+        try:
+            return probe(device, *args, **kwargs)
+        finally:
+            if device.type == "cuda":
+                torch.cuda.empty_cache()
+
+    return measure
+
+
+@hands_back_gpu_memory
 def machine_peaks(device: torch.device = CPU, reps: int = 5) -> dict:
     """Matmul peaks: the fastest run of the faster kernel (MKL's matmul, or the oneDNN one minisgl's linears
     use; on CUDA both are cuBLAS); a peak is what the machine can reach, so a median or a slower kernel would let
@@ -74,16 +86,17 @@ def machine_peaks(device: torch.device = CPU, reps: int = 5) -> dict:
     return peaks
 
 
+@hands_back_gpu_memory
 def read_bandwidth(device: torch.device = CPU, reps: int = 3) -> float:
     """Memory read bandwidth now: a 1 GiB matrix read by three kernels, the fastest kernel's median pass.
 
     Which kernel streams fastest depends on the CPU (Xeon VM: MKL's sgemv ~19 GB/s, oneDNN's packed GEMV at four
     rows ~21-34, a plain sum ~24-46; AMD EPYC VM: sgemv ~33, oneDNN and the sum alike). A shared VM's bandwidth
     changes between phases of seconds to minutes (the Xeon VM's drifted; the EPYC VM's jumps between ~50 and ~80
-    GB/s with two threads, ~41 with one), so ``main`` samples it right before every engine's run of every row
+    GB/s with two threads, ~41 with one), so ``run_rows`` samples it right before every engine's run of every row
     and each row's floor uses the median of its own samples: a floor from a run-wide median was one that rows
     run in the other phase never had (an EPYC run's fast-phase row reached 113% of it). Allocated per call, so
-    that the engines do not run beside 2 GiB they never use. On CUDA the same readers run as cuBLAS and a
+    that the machine does not hold 2 GiB the engines never use. On CUDA the same readers run as cuBLAS and a
     reduction kernel, on a matrix in GPU memory, ten passes per sample.
     """
     # filled, not random: the values do not change the read time, and randn of 1 GiB takes seconds per sample
@@ -195,6 +208,7 @@ def cli(argv: list[str] | None = None) -> int:
 
 def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     workloads = args.workloads
+    keep_freed_cpu_memory()  # for the probes here only: settings made in this process do not reach spawned engines
     peaks, bandwidths = machine_peaks(device), [read_bandwidth(device)]
     paths = model_paths(args.models, scratch)
     rows = []

@@ -17,29 +17,42 @@ from transformers import AutoModelForCausalLM
 from minisgl.bench_one_batch import load_model
 from minisgl.layers.linear import prepack_weight
 from minisgl.server_args import ServerArgs
+from minisgl.utils.common import InputError
 from reader.views import REPO_ROOT
 
 
 @pytest.fixture(scope="module")
-def perf():
-    # perf.py imports its sibling bench/engines.py, as when it runs as a script (its folder first on sys.path)
+def bench_path():
+    """bench/ first on sys.path, as when its scripts run: perf.py imports its sibling engines.py."""
     sys.path.insert(0, str(REPO_ROOT / "bench"))
+    try:
+        yield
+    finally:
+        sys.path.remove(str(REPO_ROOT / "bench"))
+
+
+@pytest.fixture(scope="module")
+def perf(bench_path):
     spec = importlib.util.spec_from_file_location("bench_perf", REPO_ROOT / "bench" / "perf.py")
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    yield module
-    sys.path.remove(str(REPO_ROOT / "bench"))
+    return module
+
+
+@pytest.fixture(scope="module")
+def engines(bench_path):
+    return importlib.import_module("engines")
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # untied and tied LM head
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_decode_linears_read_the_floor_bytes(perf, model, dtype, request):
+def test_decode_linears_read_the_floor_bytes(perf, engines, model, dtype, request):
     path = request.getfixturevalue(model)
     with contextlib.redirect_stdout(io.StringIO()):
         runner, _ = load_model(ServerArgs(model_path=path, dtype=dtype, max_total_tokens=256), 0)
     hf = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, dtype))
     norms = sum(p.numel() * p.element_size() for n, p in hf.named_parameters() if "norm" in n)
-    layers = perf.decode_linear_weights(runner.torch_runner.model)
+    layers = engines.decode_linear_weights(runner.torch_runner.model)
     read = sum(
         math.prod(t.shape) * t.dtype.itemsize for weight, bias in layers for t in (weight, bias) if t is not None
     )
@@ -47,34 +60,45 @@ def test_decode_linears_read_the_floor_bytes(perf, model, dtype, request):
     # the eager engine's own weights: prepacked where this CPU's oneDNN supports the dtype
     prepacked = prepack_weight(torch.zeros(8, 8, dtype=getattr(torch, dtype))).is_mkldnn
     assert all(weight.is_mkldnn == prepacked for weight, _ in layers)
-    perf.decode_linears_time(runner.torch_runner, 2)  # smoke: the inputs fit the weights of every layout
+    engines.decode_linears_time(runner.torch_runner, 2)  # smoke: the inputs fit the weights of every layout
 
 
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2", "smollm2"])
-def test_counts_from_the_config_equal_the_loaded_models(perf, model, request):
+def test_counts_from_the_config_equal_the_loaded_models(perf, engines, model, request):
     """The parent counts FLOPs and weight bytes on a meta-device model built from the config alone: they equal the
     counts of the model HF loads from the same checkpoint (the default GGUF included), in both dtypes."""
     from minisgl.model_loader.default_model import default_model_path
 
     path = default_model_path() if model == "smollm2" else request.getfixturevalue(model)
     for dtype in (torch.float32, torch.bfloat16):
-        counted, loaded = perf.meta_model(path, dtype), perf.load_hf(path, dtype)
+        counted, loaded = engines.meta_model(path, dtype), engines.load_hf(path, dtype)
         assert perf.decode_bytes(counted) == perf.decode_bytes(loaded)
         assert perf.exact_prefill_flops(counted, 8, 128) == perf.exact_prefill_flops(loaded, 8, 128)
 
 
-def test_an_engine_process_reports_a_failure_and_keeps_serving(perf, tiny_llama):
+def test_an_engine_process_reports_a_failure_and_keeps_serving(engines, tiny_llama):
     """A failed call comes back as one error naming the engine, with the engine process's own traceback (bad input:
     minisgl's one-line InputError, as it is); the process goes on to load and time the next model."""
-    with perf.EngineProcess("minisgl", torch.device("cpu")) as engine:
+    with engines.EngineProcess("minisgl", torch.device("cpu")) as engine:
         with pytest.raises(RuntimeError, match=r"(?s)the minisgl engine failed:.*Traceback .*in load"):
             engine.call("load", tiny_llama, "float64", 64)
-        with pytest.raises(perf.InputError, match="^model path /nonexistent does not exist"):
+        with pytest.raises(InputError, match="^model path /nonexistent does not exist"):
             engine.call("load", "/nonexistent", "float32", 64)
         engine.call("load", tiny_llama, "float32", 64)
         prefill, decode = engine.call("run", 1, 8, 3)
         assert prefill > 0 and decode > 0
     assert engine.process.exitcode == 0
+
+
+def test_a_dead_engine_process_is_named_in_one_error(engines):
+    """An engine process that died (killed, say, by the OOM killer) is reported as gone, with its exit code, on the
+    next call: not as a bare broken pipe."""
+    engine = engines.EngineProcess("hf", torch.device("cpu"))
+    engine.process.kill()
+    engine.process.join()
+    with pytest.raises(RuntimeError, match=r"^the hf engine's process died \(exit code -9\)$"):
+        engine.call("unload")
+    engine.close()
 
 
 def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
@@ -108,7 +132,7 @@ def test_prefill_levers_switch_off_what_they_name(monkeypatch):
     assert tiled == [] and gate_up_calls == [1]
 
 
-def test_smollm2_shape_has_the_default_models_parameters(perf):
+def test_smollm2_shape_has_the_default_models_parameters(engines):
     """The random-weight stand-in for SmolLM2 (GPU machines cannot fetch the GGUF) has every parameter of the real
     checkpoint's architecture, name and shape, and its norms' epsilon and RoPE: so its timings are SmolLM2's."""
     from transformers import LlamaConfig
@@ -116,7 +140,7 @@ def test_smollm2_shape_has_the_default_models_parameters(perf):
     from minisgl.model_loader.default_model import default_model_path
     from minisgl.utils.hf_transformers_utils import get_config
 
-    real, shape = get_config(default_model_path()), LlamaConfig(**perf.RANDOM_LLAMAS["smollm2-shape"])
+    real, shape = get_config(default_model_path()), LlamaConfig(**engines.RANDOM_LLAMAS["smollm2-shape"])
     with torch.device("meta"):
         params = [
             {n: p.shape for n, p in AutoModelForCausalLM.from_config(c).named_parameters()} for c in (real, shape)
@@ -147,8 +171,9 @@ def test_perf_refuses_cuda_without_a_gpu(perf, capsys):
 
 
 def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch):
-    """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked, and the
-    random-weight checkpoint it saved (half a GB for dummy134 in float32) is gone afterwards."""
+    """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked at each repetition
+    with a bandwidth sample before each run, and the random-weight checkpoint it saved (half a GB for dummy134 in
+    float32) is gone afterwards."""
     import json
     import tempfile
 
@@ -156,7 +181,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
     out = tmp_path / "results.json"
-    argv = ["--models", "dummy134", "--dtypes", "float32", "--workloads", "1,8,3", "--reps", "1",
+    argv = ["--models", "dummy134", "--dtypes", "float32", "--workloads", "1,8,3", "--reps", "2",
             "--engines", "minisgl", "hf", "--output", str(out)]  # fmt: skip
     with contextlib.redirect_stdout(io.StringIO()):
         assert perf.cli(argv) == 0
@@ -164,7 +189,11 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert data["device"] == "cpu" and len(data["rows"]) == 1
     row = data["rows"][0]
     assert (row["model"], row["dtype"], row["batch"], row["input"], row["output"]) == ("dummy134", "float32", 1, 8, 3)
-    assert all(len(row[f"{e}_{phase}_s"]["samples"]) == 1 for e in ("minisgl", "hf") for phase in ("prefill", "decode"))
+    assert all(len(row[f"{e}_{phase}_s"]["samples"]) == 2 for e in ("minisgl", "hf") for phase in ("prefill", "decode"))
+    # a bandwidth sample before each engine's run of the row, and the run-wide list: one before, the row's, one after
+    assert len(row["read_bandwidth_samples"]) == 4 and len(row["decode_linears_s"]["samples"]) == 2
+    assert data["peaks"]["read_bandwidth_samples"][1:-1] == row["read_bandwidth_samples"]
+    assert data["process_per_engine"] is True
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
     assert list(scratch.iterdir()) == []
 
