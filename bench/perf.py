@@ -1,6 +1,6 @@
 """minisgl against HF transformers and against this machine's roofline, measured side by side in one run.
 
-    python bench/perf.py                       # both models, both dtypes, all workloads (~40 min on 2 cores)
+    python bench/perf.py                       # both models, both dtypes, all workloads (~45 min on 2 cores)
     python bench/perf.py --models dummy134 --dtypes float32 --workloads 1,128,32 --reps 3 --engines minisgl hf
     bash bench/cuda.sh                         # on a CUDA machine: HF equality there, then this with --device cuda
 
@@ -12,8 +12,8 @@ logits processor that stamps the clock as every new token's logits arrive. Each 
 own for the whole run (``bench/engines.py``): minisgl's runners set their glibc heap settings
 (``keep_freed_cpu_memory``) in theirs, and HF keeps glibc's defaults, as a user would run it. Engines alternate
 between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and the memory
-read bandwidth are measured in this parent process while the engines wait, under the same heap settings (without
-them each product's fresh output is faulted in: the peak is what the machine can reach). Results: a table, and JSON
+read bandwidth are measured in this parent process while the engines wait, under the heap settings minisgl's
+engines have (as when all of it ran in one process). Results: a table, and JSON
 (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a synchronize around
 each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for machines that cannot
 fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and the same times
