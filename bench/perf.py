@@ -207,16 +207,15 @@ def cli(argv: list[str] | None = None) -> int:
 
 
 def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
-    workloads = args.workloads
     keep_freed_cpu_memory()  # for the probes here only: settings made in this process do not reach spawned engines
     peaks, bandwidths = machine_peaks(device), [read_bandwidth(device)]
     paths = model_paths(args.models, scratch)
+    max_tokens = max(b * (i + o) for b, i, o in args.workloads) + 64  # the KV pool every workload fits in
     rows = []
     with contextlib.ExitStack() as stack:
         engines = {name: stack.enter_context(EngineProcess(name, device)) for name in args.engines}
         for model_name in args.models:
             for dtype_name in args.dtypes:
-                max_tokens = max(b * (i + o) for b, i, o in workloads) + 64
                 for engine in engines.values():
                     engine.call("load", paths[model_name], dtype_name, max_tokens)
                 rows += run_rows(args, device, engines, model_name, dtype_name, paths[model_name])
