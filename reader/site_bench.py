@@ -153,10 +153,16 @@ def _machine(machine: dict | None) -> str:
     features = ", ".join(
         f"{name} {'yes' if machine[key] else 'no'}" for key, name in (("amx", "AMX"), ("avx512_bf16", "AVX512-BF16"))
     )
+    probes = ""
+    if "padded_rows" in machine:  # results written before the probes were recorded have neither
+        probes = (
+            f" The start-up probes chose: 1-3 decode rows padded to {machine['padded_rows']} for oneDNN; K-major "
+            f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
+        )
     return (
         f"Measured on: {machine['cpu']}, {machine['cores']} cores, {machine['torch_threads']} torch threads, "
         f"kernels for {machine['capability']} ({features}). Which kernel is fastest, and so these shares, "
-        "differ from one CPU to another.\n\n"
+        f"differ from one CPU to another.{probes}\n\n"
     )
 
 
@@ -229,13 +235,14 @@ def bench_pages() -> dict[str, str]:
             "The floor is the time to read the step's weights at the row's measured bandwidth. *Linears alone* runs "
             "every linear layer and the LM head of the loaded model, with minisgl's own prepacked weights and "
             "kernels, on the batch's rows, timed between the repetitions (the fastest of three passes): it is what "
-            "oneDNN's kernels need to stream the weights, and its read rate is how close those kernels come to the "
-            "measured bandwidth; their FLOP rate (the batch's rows only: on CPUs with AMX, below four rows the "
+            "minisgl's kernels need to stream the weights (oneDNN's; for a single float32 row, MKL's GEMV where "
+            "the K-major copies are kept), and its read rate is how close those kernels come to the "
+            "measured bandwidth; their FLOP rate (the batch's rows only: where oneDNN pads, below four rows the "
             "kernel runs four, padded), against the matmul peak, shows when a larger batch makes them bound by "
             "compute instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
             "kernel), norms, RoPE, sampling and framework time. For the compiled engine it is approximate at "
             "batches its general graph runs, whose linears are Inductor's packing of the same oneDNN kernels, and "
-            "understated at those its small-decode graph runs (up to four rows with AMX, one elsewhere), where "
+            "understated at those its small-decode graph runs (up to four rows where oneDNN pads, one elsewhere), where "
             "autotuning may pick Inductor's own C++ GEMM template, which can "
             "stream the weights faster than oneDNN. A step can only reach the floor "
             "if both gaps close: the kernels' read rate and the rest.\n\n"

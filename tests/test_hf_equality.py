@@ -94,6 +94,25 @@ def test_greedy_tokens_match_hf_generate(model_path):
         assert ours == ref[0, len(prompt) :].tolist()
 
 
+@pytest.mark.parametrize("gemv_copies", [False, True], ids=["onednn-gemv", "mkl-gemv"])
+def test_single_request_decode_matches_hf_with_either_gemv_layout(tiny_llama, gemv_copies, monkeypatch):
+    """A batch-1 decode reads the K-major copies where MKL's GEMV is the faster (forced either way here): the
+    greedy tokens equal HF's both ways, and the copies exist exactly when chosen (and only on CPU)."""
+    from minisgl.layers import linear
+
+    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: gemv_copies)
+    runner = make_runner(tiny_llama)
+    weights = [
+        m.weight for m in runner.model.modules() if isinstance(m, linear.ReplicatedLinear | linear.RowParallelLinear)
+    ]
+    expect_copies = gemv_copies and weights[0].is_mkldnn
+    assert all(hasattr(w, "gemv_weight") == expect_copies for w in weights)
+    prompt = PROMPTS[0]
+    _, tokens = run_greedy(runner, [prompt], steps=STEPS)
+    ref = hf_model(tiny_llama).generate(ids(prompt), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False)
+    assert tokens[0] == ref[0, len(prompt) :].tolist()
+
+
 def test_extend_on_cached_prefix_equals_full_extend(tiny_llama):
     """The correctness mode's two-step prefill: cut_len tokens first, then the rest on the cached prefix."""
     cut = 2

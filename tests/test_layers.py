@@ -60,6 +60,37 @@ def test_apply_linear_on_prepacked_weight_matches_plain_linear(monkeypatch, padd
         torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
 
 
+@pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemv", "mkl-gemv"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch, faster, dtype):
+    """Where MKL's GEMV is the faster (forced either way), a float32 packed weight gets a K-major copy, and only
+    single rows read it; bfloat16 never gets one. Every row count gives the plain layer's values."""
+    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: faster)
+    weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
+    packed = linear.prepack_weight(weight)
+    linear.keep_gemv_copy(packed, weight)
+    has_copy = faster and dtype == torch.float32 and packed.is_mkldnn
+    assert hasattr(packed, "gemv_weight") == has_copy
+    if has_copy:
+        assert packed.gemv_weight.shape == (40, 48) and packed.gemv_weight.is_contiguous()
+        packed.gemv_weight.mul_(2)  # a copy that single rows alone read: doubled, their outputs double
+    for rows, use_bias in [(1, False), (1, True), (2, True), (5, False)]:
+        x = torch.randn(rows, 40).to(dtype)
+        out = linear.apply_linear(x, packed, bias if use_bias else None)
+        scale = 2 if has_copy and rows == 1 else 1
+        ref = torch.nn.functional.linear(x.double(), scale * weight.double())
+        ref = ref + bias.double() if use_bias else ref
+        torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
+
+
+def test_probes_give_valid_choices():
+    """The probes return one of their two answers: the padding a kernel can run, a yes/no for the copies."""
+    assert linear.MIN_PACKED_ROWS in (1, 4)
+    assert linear.mkl_gemv_is_faster() in (True, False)
+    if not torch.cpu._is_amx_tile_supported():
+        assert linear.MIN_PACKED_ROWS == 1
+
+
 def test_mlp_row_blocks_match_one_block_and_compile_once(monkeypatch):
     """LlamaMLP's row blocks (even blocks eagerly, a fixed 8 when compiled) give one block's output, and the
     compiled blocks serve every length past the block size with one graph, whatever the length modulo 8."""

@@ -11,6 +11,9 @@ quantization methods, fused-shard-on-disk formats, bias skipping and custom weig
 
 from __future__ import annotations
 
+import functools
+import statistics
+import time
 from collections.abc import Sequence
 
 import torch
@@ -54,18 +57,51 @@ def default_weight_loader(param: torch.Tensor, loaded_weight: torch.Tensor) -> N
     copy_checked(param, loaded_weight)
 
 
-# Which of oneDNN's packed kernels streams a weight fastest for 1-3 input rows depends on the CPU. With AMX
-# (Intel Sapphire Rapids class) the 4-row kernel reads ~15% faster than the 1-row one (SmolLM2's linears, float32
-# and bfloat16), so fewer rows are padded to 4. On AVX-512 without AMX (AMD Zen 5) the 1-row kernel is the faster
-# one (SmolLM2 float32, every linear once: 58-60 vs 52-54 GB/s in this VM's fast phase, equal in its slow one),
-# so nothing is padded there.
-MIN_PACKED_ROWS = 4 if torch.cpu._is_amx_tile_supported() else 1
+def _probe_weights() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """128 MiB of float32 ``[out, in]`` weights, plain and prepacked: past the caches, as a model's weights are."""
+    plain = [torch.full((2048, 2048), 0.01) for _ in range(8)]
+    return plain, [prepack_weight(w) for w in plain]
+
+
+def _median_seconds(fn, reps: int = 5) -> float:
+    times = []
+    for _ in range(reps):
+        tic = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - tic)
+    return statistics.median(times)
+
+
+def _packed_rows_probe() -> int:
+    """How many rows oneDNN's packed kernels run for 1-3 input rows: 4 (the rest padded with zeros) where its
+    4-row kernel streams a weight at least 10% faster than its 1-row one, else 1 (nothing padded).
+
+    Which is faster depends on the CPU and even on the VM: on a Xeon VM with AMX one session measured the 4-row
+    kernel ~15% faster (SmolLM2's linears, float32 and bfloat16; compiled batch-1 decode 33.6 -> 24.2 ms/step
+    padded), a later one the 1-row kernel ~8% faster (every SmolLM2 float32 linear once: 26.9 against 29.2 ms;
+    compiled batch-1 decode 33.6 padded -> 24.9 ms/step unpadded); on an AMD EPYC (AVX-512, no AMX) 1 row
+    was faster (58-60 against 52-54 GB/s). Probed once, at import, only on CPUs with AMX: elsewhere no CPU
+    measured so far favoured padding.
+    """
+    if not torch.cpu._is_amx_tile_supported() or not torch.backends.mkldnn.is_available():
+        return 1
+    _, packed = _probe_weights()
+    one, four = torch.ones(1, 2048), torch.ones(4, 2048)
+
+    def rows(x: torch.Tensor) -> float:
+        return _median_seconds(lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed])
+
+    rows(four)  # warm-up: the first pass touches fresh pages
+    return 4 if rows(four) < 0.9 * rows(one) else 1
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not weight.is_mkldnn:
         return F.linear(x, weight, bias)
     rows = x.shape[0]
+    gemv_weight = getattr(weight, "gemv_weight", None)
+    if rows == 1 and gemv_weight is not None:  # see keep_gemv_copy
+        return x @ gemv_weight if bias is None else torch.addmm(bias, x, gemv_weight)
     if rows >= MIN_PACKED_ROWS:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     # The weight read is the whole cost of these few rows: zero rows are padded on and their outputs dropped.
@@ -90,11 +126,49 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
 
 
+MIN_PACKED_ROWS = _packed_rows_probe()
+
+
+@functools.cache
+def mkl_gemv_is_faster() -> bool:
+    """Whether MKL's GEMV over a K-major (``[in, out]``) float32 weight reads a single row's weights at least 10%
+    faster than oneDNN's packed kernel does on this CPU (as ``apply_linear`` calls it, padded where it pads).
+
+    Probed once per process, on 128 MiB of weights (past the caches, as a model's are): which kernel streams
+    fastest differs from one CPU, and one VM, to another. On a Xeon VM with AMX, SmolLM2's float32 linears and
+    LM head at one row: MKL over K-major copies 27-28 GB/s, over the plain ``[out, in]`` layout 22, oneDNN packed
+    20-21 (padded to four rows 18-20); at eight rows oneDNN 17, MKL 10-12, so batches keep the packed weight.
+    In bfloat16 oneDNN is the faster one at every row count (17 GB/s against 10), so only float32 is probed.
+    """
+    weights, packed = _probe_weights()
+    if not packed[0].is_mkldnn:
+        return False
+    gemv_weights = [w.t().contiguous() for w in weights]
+    x = torch.ones(1, 2048)
+    _median_seconds(lambda: [x @ w for w in gemv_weights], reps=1)  # warm-up: fresh pages
+    mkl = _median_seconds(lambda: [x @ w for w in gemv_weights])
+    onednn = _median_seconds(lambda: [apply_linear(x, w) for w in packed])
+    return mkl < 0.9 * onednn
+
+
+def keep_gemv_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
+    """Give a prepacked float32 weight a K-major plain copy for single-row inputs, where MKL reads that faster.
+
+    A batch-1 decode step is one weight read per linear, so its time is the kernel's read rate: SmolLM2 float32
+    batch-1 eager decode on a Xeon VM with AMX, in-process A/B, 48.8 -> 34.8 ms/step. The price is a second copy
+    of every float32 linear weight (SmolLM2: +538 MB), kept only where ``mkl_gemv_is_faster``.
+    """
+    if packed.is_mkldnn and weight.dtype == torch.float32 and mkl_gemv_is_faster():
+        packed.gemv_weight = weight.detach().t().contiguous()
+
+
 def prepack_linear_weights(model: nn.Module) -> None:
     """Swap every linear layer's weight for its prepacked form, after loading (loaders need the plain one)."""
     for module in model.modules():
         if isinstance(module, (ReplicatedLinear, RowParallelLinear)):
-            module.weight = nn.Parameter(prepack_weight(module.weight), requires_grad=False)
+            packed = nn.Parameter(prepack_weight(module.weight), requires_grad=False)
+            keep_gemv_copy(packed, module.weight)
+            module.weight = packed
 
 
 class ReplicatedLinear(nn.Module):

@@ -12,8 +12,8 @@ finds its batch through the forward context.
 One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also
 makes Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed
 GEMM, is ~2.5x slower at decode). On CPU, decode batches of fewer than ``MIN_PACKED_ROWS`` requests are padded
-to that many rows, as ``apply_linear`` pads its input eagerly (four on CPUs with AMX, one, so no padding,
-elsewhere; see ``prepare_replay``), and decodes of that many rows run a second graph, compiled with
+to that many rows, as ``apply_linear`` pads its input eagerly (four where a probe finds oneDNN's 4-row kernel
+the faster, only ever on CPUs with AMX; one, so no padding, elsewhere; see ``prepare_replay``), and decodes of that many rows run a second graph, compiled with
 max-autotune for that one shape (see ``__init__``). The first forward of each graph compiles (about two
 minutes on two cores for SmolLM2's extend and small decode; later processes reuse Inductor's on-disk cache);
 extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
@@ -94,11 +94,11 @@ class CPUGraphRunner:
         # kernel for each linear and keeps the faster. At these rows the template streams the weights at the
         # machine's read bandwidth, where oneDNN reaches about three quarters of it (SmolLM2 float32 batch 1,
         # Xeon with AMX, four rows: 33.6 -> 24.2 ms/step). Tuned for four rows, it is slower at 8 and 32, so
-        # larger batches keep the general graph. Where MIN_PACKED_ROWS is 1 (no AMX), only batch-1 decodes run it,
+        # larger batches keep the general graph. Where MIN_PACKED_ROWS is 1, only batch-1 decodes run it,
         # unpadded: padded to four they were slower (AMD Zen 5, SmolLM2 float32, in-process A/B in the VM's
-        # fast phase: 11.1 -> 9.2 ms/step; equal in its slow phase). The tuning adds about a minute to the first
-        # small decode's compile (SmolLM2, 2 cores). On CUDA nothing is padded, and every decode runs the general
-        # graph.
+        # fast phase: 11.1 -> 9.2 ms/step; equal in its slow phase; on a later Xeon VM with AMX, whose 1-row
+        # kernel the probe finds the faster, 33.6 -> 24.9). The tuning adds about a minute to the first small
+        # decode's compile (SmolLM2, 2 cores). On CUDA nothing is padded, and every decode runs the general graph.
         self.compiled_small_decode = self.compiled_forward
         if self.device.type == "cpu":
             autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
