@@ -83,12 +83,22 @@ def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch,
         torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
 
 
-def test_probes_give_valid_choices():
-    """The probes return one of their two answers: the padding a kernel can run, a yes/no for the copies."""
-    assert linear.MIN_PACKED_ROWS in (1, 4)
-    assert linear.mkl_gemv_is_faster() in (True, False)
-    if not torch.cpu._is_amx_tile_supported():
-        assert linear.MIN_PACKED_ROWS == 1
+@pytest.mark.parametrize("ratio", [0.85, 0.95])
+def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio):
+    """Both probes' rule, on timings given to them: the alternative kernel (4 padded rows; MKL's GEMV over the
+    K-major copies) is chosen when it takes under 90% of the default's time, and not when it takes 95%."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # the padding probe runs on AMX CPUs only
+    tiny = [torch.zeros(8, 8)]
+    monkeypatch.setattr(linear, "_probe_weights", lambda: (tiny, [linear.prepack_weight(w) for w in tiny]))
+    # each probe times its alternative first (after one warm-up pass for the padding probe), then the default
+    padding_times = iter([1.0, ratio, 1.0])
+    monkeypatch.setattr(linear, "_median_seconds", lambda fn, reps=5: next(padding_times))
+    assert linear._packed_rows_probe() == (4 if ratio < 0.9 else 1)
+    if not linear.prepack_weight(tiny[0]).is_mkldnn:
+        return  # without oneDNN there is nothing to copy for
+    gemv_times = iter([ratio, ratio, 1.0])
+    monkeypatch.setattr(linear, "_median_seconds", lambda fn, reps=5: next(gemv_times))
+    assert linear.mkl_gemv_is_faster.__wrapped__() == (ratio < 0.9)
 
 
 def test_mlp_row_blocks_match_one_block_and_compile_once(monkeypatch):

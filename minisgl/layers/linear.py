@@ -112,10 +112,9 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
 def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
     """oneDNN's blocked layout of a ``[out, in]`` weight (CPU, float32/bfloat16), or the weight unchanged.
 
-    MKL's GEMM reads the plain layout at about half of this machine's memory bandwidth for the skinny
-    matmuls of decode (1-32 rows); oneDNN's prepacked kernels read it at nearly full speed and are also
-    faster for prefill (bench/perf.py shows the difference). Sums are reordered, so results move by
-    float rounding only.
+    MKL's GEMM reads the plain layout at about half of the memory bandwidth for the skinny matmuls of batched
+    decode (2-32 rows); oneDNN's prepacked kernels read it faster (a single float32 row may be faster on MKL:
+    see ``keep_gemv_copy``). Sums are reordered, so results move by float rounding only.
     """
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return weight
