@@ -48,7 +48,7 @@ from rich.console import Console
 from rich.table import Table
 
 from minisgl.bench_utils import OneLineErrorParser
-from minisgl.layers.linear import MIN_PACKED_ROWS, apply_linear, mkl_gemv_is_faster, prepack_weight
+from minisgl.layers.linear import apply_linear, min_packed_rows, mkl_gemv_is_faster, prepack_weight
 from minisgl.utils.common import InputError, keep_freed_cpu_memory, resolve_device, write_whole
 
 WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
@@ -125,7 +125,7 @@ def machine_info(device: torch.device = CPU) -> dict:
         "amx": torch.cpu._is_amx_tile_supported(),
         "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
         # the start-up probes' kernel choices (minisgl.layers.linear), made here; each engine process makes its own
-        "padded_rows": MIN_PACKED_ROWS,
+        "padded_rows": min_packed_rows(),
         "mkl_gemv_copies": mkl_gemv_is_faster(),
         "torch": torch.__version__,
     }

@@ -291,7 +291,7 @@ def latency_test(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, d
     _check_prompt_lengths(custom_inputs[: max(bench_args.batch_size)], max(bench_args.output_len), context_len)
     il, ol = bench_args.input_len[0], min(32, bench_args.output_len[0])
     # Compiled, the first batch of a new size can compile during its run: the extend and small-decode graphs
-    # specialize on batch 1, and decodes of up to MIN_PACKED_ROWS requests and of more run different graphs.
+    # specialize on batch 1, and decodes of up to min_packed_rows() requests and of more run different graphs.
     # SGLang captures its graphs for every batch size before the benchmark, so here each size is warmed up once.
     warmup_sizes = list(dict.fromkeys(bench_args.batch_size))
     if not server_args.enable_torch_compile:

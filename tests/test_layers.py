@@ -47,9 +47,9 @@ def test_silu_and_mul_matches_hf(dtype):
 @pytest.mark.parametrize("padded_rows", [1, 4], ids=["unpadded", "padded-to-4"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_apply_linear_on_prepacked_weight_matches_plain_linear(monkeypatch, padded_rows, dtype):
-    """Both choices of MIN_PACKED_ROWS (4 on AMX CPUs, 1 elsewhere), every row count around it: the packed
-    kernel, padded or not, returns exactly the input's rows with the plain layer's values."""
-    monkeypatch.setattr(linear, "MIN_PACKED_ROWS", padded_rows)
+    """Both answers of min_packed_rows (4 or 1), every row count around it: the packed kernel, padded or not,
+    returns exactly the input's rows with the plain layer's values."""
+    monkeypatch.setattr(linear, "min_packed_rows", lambda: padded_rows)
     weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
     packed = linear.prepack_weight(weight)
     for rows in range(1, 6):
@@ -99,6 +99,21 @@ def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio)
     gemv_times = iter([ratio, ratio, 1.0])
     monkeypatch.setattr(linear, "_median_seconds", lambda fn, reps=5: next(gemv_times))
     assert linear.mkl_gemv_is_faster.__wrapped__() == (ratio < 0.9)
+
+
+def test_padding_probe_runs_on_first_use_only(monkeypatch):
+    """Importing the linear layers measures nothing (a fresh interpreter leaves the answer unset); the first
+    prepacked model probes once, and later calls reuse the answer."""
+    import subprocess
+    import sys
+
+    code = "import minisgl.layers.linear as linear, sys; sys.exit(linear._min_packed_rows is not None)"
+    assert subprocess.run([sys.executable, "-c", code]).returncode == 0
+    calls = []
+    monkeypatch.setattr(linear, "_min_packed_rows", None)
+    monkeypatch.setattr(linear, "_packed_rows_probe", lambda: calls.append(1) or 4)
+    linear.prepack_linear_weights(torch.nn.Sequential(linear.ReplicatedLinear(8, 8)))
+    assert calls == [1] and linear.min_packed_rows() == 4 and calls == [1]
 
 
 def test_mlp_row_blocks_match_one_block_and_compile_once(monkeypatch):

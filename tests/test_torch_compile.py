@@ -11,7 +11,7 @@ import torch
 
 import minisgl.layers.attention.torch_native_backend as backend_module
 from minisgl.bench_one_batch import decode, extend
-from minisgl.layers.linear import MIN_PACKED_ROWS
+from minisgl.layers.linear import min_packed_rows
 from minisgl.model_executor import cpu_graph_runner
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.models import llama
@@ -55,7 +55,7 @@ def compiled(request):
     ids=["batch3", "batch1", "batch6", "batch3-one-length"],
 )
 def test_compiled_matches_hf(compiled, prompts):
-    """Batches of up to MIN_PACKED_ROWS (1 and 3 with AMX, 1 elsewhere) decode padded to that many rows, in the
+    """Batches of up to min_packed_rows() (1 and 3 with AMX, 1 elsewhere) decode padded to that many rows, in the
     graph tuned for that shape; the others (6 always) run unpadded in the general graph; prompts of one length
     extend in one attention call: all must equal HF."""
     path, runner, calls = compiled
@@ -64,7 +64,7 @@ def test_compiled_matches_hf(compiled, prompts):
     runner.req_to_token_pool.clear()
     runner.token_to_kv_pool_allocator.clear()
     assert calls["extend"] == before["extend"] + 1 and calls["decode"] == before["decode"] + STEPS - 1
-    small = STEPS - 1 if len(prompts) <= MIN_PACKED_ROWS else 0
+    small = STEPS - 1 if len(prompts) <= min_packed_rows() else 0
     assert calls["small_decode"] == before["small_decode"] + small
     hf = hf_model(path)
     with torch.no_grad():
@@ -94,7 +94,7 @@ def test_small_decode_graph_logits_match_hf(compiled, monkeypatch, padded_rows):
     """The autotuned graph's own kernels (Inductor's C++ GEMM template where it wins the timing) against HF's
     logits at every decode step, not only the greedy tokens: three requests padded to four rows (CPUs with
     AMX) and one request unpadded (elsewhere), both on any CPU."""
-    monkeypatch.setattr(cpu_graph_runner, "MIN_PACKED_ROWS", padded_rows)
+    monkeypatch.setattr(cpu_graph_runner, "min_packed_rows", lambda: padded_rows)
     prompts = PROMPTS if padded_rows > 1 else PROMPTS[:1]
     path, runner, calls = compiled
     before = calls["small_decode"]
@@ -130,7 +130,7 @@ def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
     )  # regardless of this CPU's choice
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= MIN_PACKED_ROWS)}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= min_packed_rows())}
     hf = hf_model(tiny_llama, dtype=torch.bfloat16)
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS]).float()
@@ -170,7 +170,7 @@ def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):
     second, calls = compiled_runner(tiny_llama, load_format="dummy", random_seed=7)
     run_greedy(first, PROMPTS, steps=2)
     logits, tokens = run_greedy(second, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= MIN_PACKED_ROWS)}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= min_packed_rows())}
     ref_logits, ref_tokens = run_greedy(make_runner(tiny_llama, load_format="dummy", random_seed=7), PROMPTS, 2)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens

@@ -80,8 +80,8 @@ def _packed_rows_probe() -> int:
     kernel ~15% faster (SmolLM2's linears, float32 and bfloat16; compiled batch-1 decode 33.6 -> 24.2 ms/step
     padded), a later one the 1-row kernel ~8% faster (every SmolLM2 float32 linear once: 26.9 against 29.2 ms;
     compiled batch-1 decode 33.6 padded -> 24.9 ms/step unpadded); on an AMD EPYC (AVX-512, no AMX) 1 row
-    was faster (58-60 against 52-54 GB/s). Probed once, at import, only on CPUs with AMX: elsewhere no CPU
-    measured so far favoured padding.
+    was faster (58-60 against 52-54 GB/s). Probed only on CPUs with AMX: elsewhere no CPU measured so far
+    favoured padding.
     """
     if not torch.cpu._is_amx_tile_supported() or not torch.backends.mkldnn.is_available():
         return 1
@@ -102,10 +102,11 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     gemv_weight = getattr(weight, "gemv_weight", None)
     if rows == 1 and gemv_weight is not None:  # see keep_gemv_copy
         return x @ gemv_weight if bias is None else torch.addmm(bias, x, gemv_weight)
-    if rows >= MIN_PACKED_ROWS:
+    packed_rows = min_packed_rows()
+    if rows >= packed_rows:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
     # The weight read is the whole cost of these few rows: zero rows are padded on and their outputs dropped.
-    padded = F.pad(x, (0, 0, 0, MIN_PACKED_ROWS - rows))
+    padded = F.pad(x, (0, 0, 0, packed_rows - rows))
     return torch.ops.mkldnn._linear_pointwise(padded, weight, bias, "none", [], "")[:rows]
 
 
@@ -125,7 +126,21 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
 
 
-MIN_PACKED_ROWS = _packed_rows_probe()
+_min_packed_rows: int | None = None
+
+
+def min_packed_rows() -> int:
+    """The fewest rows oneDNN's packed kernels are given (``_packed_rows_probe``), probed on first use.
+
+    Not at import: the probe streams 256 MiB for ~0.2 s, which a CUDA run, the reader or a test that never
+    prepacks a weight should not pay. A plain global rather than ``functools.cache``, because ``apply_linear``
+    reads it inside compiled graphs, where Dynamo would trace the probe itself instead of the cached value;
+    ``prepack_linear_weights`` calls it eagerly, before any graph is traced.
+    """
+    global _min_packed_rows
+    if _min_packed_rows is None:
+        _min_packed_rows = _packed_rows_probe()
+    return _min_packed_rows
 
 
 @functools.cache
@@ -163,6 +178,7 @@ def keep_gemv_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
 
 def prepack_linear_weights(model: nn.Module) -> None:
     """Swap every linear layer's weight for its prepacked form, after loading (loaders need the plain one)."""
+    min_packed_rows()  # probed now, eagerly: a compiled graph that traces apply_linear reads the answer
     for module in model.modules():
         if isinstance(module, (ReplicatedLinear, RowParallelLinear)):
             packed = nn.Parameter(prepack_weight(module.weight), requires_grad=False)

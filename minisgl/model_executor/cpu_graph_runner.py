@@ -11,9 +11,10 @@ finds its batch through the forward context.
 
 One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also
 makes Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed
-GEMM, is ~2.5x slower at decode). On CPU, decode batches of fewer than ``MIN_PACKED_ROWS`` requests are padded
+GEMM, is ~2.5x slower at decode). On CPU, decode batches of fewer than ``min_packed_rows()`` requests are padded
 to that many rows, as ``apply_linear`` pads its input eagerly (four where a probe finds oneDNN's 4-row kernel
-the faster, only ever on CPUs with AMX; one, so no padding, elsewhere; see ``prepare_replay``), and decodes of that many rows run a second graph, compiled with
+the faster, only ever on CPUs with AMX; one, so no padding, elsewhere; see ``prepare_replay``), and decodes of
+that many rows run a second graph, compiled with
 max-autotune for that one shape (see ``__init__``). The first forward of each graph compiles (about two
 minutes on two cores for SmolLM2's extend and small decode; later processes reuse Inductor's on-disk cache);
 extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
@@ -37,7 +38,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from minisgl.layers.linear import MIN_PACKED_ROWS
+from minisgl.layers.linear import min_packed_rows
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.model_executor.forward_batch_info import ForwardBatch
@@ -89,12 +90,12 @@ class CPUGraphRunner:
         self.attention_layers = sorted(layers, key=lambda layer: layer.layer_id)
         options = {"guard_filter_fn": keep_weight_identity_guards}
         self.compiled_forward = torch.compile(model_runner.model.forward, dynamic=True, options=options)
-        # Decode batches of up to MIN_PACKED_ROWS requests all run as that many padded rows, one shape that gets
+        # Decode batches of up to min_packed_rows() requests all run as that many padded rows, one shape that gets
         # its own graph tuned for it: max-autotune times Inductor's C++ GEMM template against the ATen
         # kernel for each linear and keeps the faster. At these rows the template streams the weights at the
         # machine's read bandwidth, where oneDNN reaches about three quarters of it (SmolLM2 float32 batch 1,
         # Xeon with AMX, four rows: 33.6 -> 24.2 ms/step). Tuned for four rows, it is slower at 8 and 32, so
-        # larger batches keep the general graph. Where MIN_PACKED_ROWS is 1, only batch-1 decodes run it,
+        # larger batches keep the general graph. Where min_packed_rows() is 1, only batch-1 decodes run it,
         # unpadded: padded to four they were slower (AMD Zen 5, SmolLM2 float32, in-process A/B in the VM's
         # fast phase: 11.1 -> 9.2 ms/step; equal in its slow phase; on a later Xeon VM with AMX, whose 1-row
         # kernel the probe finds the faster, 33.6 -> 24.9). The tuning adds about a minute to the first small
@@ -115,7 +116,7 @@ class CPUGraphRunner:
     def prepare_replay(self, forward_batch: ForwardBatch) -> ForwardBatch:
         """The batch the graph runs, with the attention metadata built for it.
 
-        On CPU, a decode of fewer than MIN_PACKED_ROWS requests gets padding rows up to that many, for the
+        On CPU, a decode of fewer than ``min_packed_rows()`` requests gets padding rows up to that many, for the
         linears: each is one token that writes its K/V to the reserved slot 0 of the KV pool, which real
         requests never read unmasked. The attention metadata is built before padding, so it covers the real
         requests only and the padding rows skip attention (see ``forward_decode``). SGLang's
@@ -125,7 +126,7 @@ class CPUGraphRunner:
         forward_batch.attn_backend.init_forward_metadata(forward_batch)
         padding = 0
         if forward_batch.forward_mode.is_decode() and self.device.type == "cpu":
-            padding = max(0, MIN_PACKED_ROWS - forward_batch.batch_size)
+            padding = max(0, min_packed_rows() - forward_batch.batch_size)
         if padding:
             # Only what the graph reads: the pool-row and length fields fed the metadata, built above.
             forward_batch = dataclasses.replace(
@@ -139,7 +140,7 @@ class CPUGraphRunner:
 
     def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         batch = self.prepare_replay(forward_batch)
-        small_decode = batch.forward_mode.is_decode() and batch.batch_size == MIN_PACKED_ROWS
+        small_decode = batch.forward_mode.is_decode() and batch.batch_size == min_packed_rows()
         compiled_forward = self.compiled_small_decode if small_decode else self.compiled_forward
         with forward_context(ForwardContext(batch, self.attention_layers)):
             output = compiled_forward(batch.input_ids, batch.positions, batch)
