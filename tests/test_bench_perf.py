@@ -205,3 +205,67 @@ def test_prefill_levers_script_runs_both_levers(monkeypatch, capsys):
     levers.main(["--models", "dummy134", "--dtypes", "float32", "--workloads", "1,16", "--reps", "1"])
     rows = [line for line in capsys.readouterr().out.splitlines() if "dummy134" in line]
     assert [next(lever for lever in levers.LEVERS if lever in row) for row in rows] == list(levers.LEVERS)
+
+
+@pytest.fixture
+def decode_kernels(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    return importlib.import_module("decode_kernels")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernel_variants_all_compute_the_linear(decode_kernels, dtype):
+    """Every kernel bench/decode_kernels.py times returns each weight's x @ W^T (float64 reference), at row counts
+    below, at and past the padding's four."""
+    torch.manual_seed(0)
+    plain = [torch.randn(48, 40).to(dtype), torch.randn(24, 48).to(dtype)]
+    kernels = decode_kernels.kernel_variants(plain)
+    assert set(kernels) >= {decode_kernels.KMAJOR, decode_kernels.PLAIN}
+    for rows in (1, 3, 4, 6):
+        xs = [torch.randn(rows, w.shape[1]).to(dtype) for w in plain]
+        refs = [x.double() @ w.double().t() for x, w in zip(xs, plain)]
+        for name, kernel in kernels.items():
+            for out, ref in zip(kernel(xs), refs):
+                assert out.shape == ref.shape, name
+                torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("gemv_copies", [False, True])
+@pytest.mark.parametrize("padded_rows", [1, 4])
+def test_decode_kernels_marks_the_kernel_apply_linear_runs(
+    decode_kernels, monkeypatch, dtype, gemv_copies, padded_rows
+):
+    """The kernel the table marks is the one apply_linear calls, seen from the oneDNN call it makes (none: the
+    K-major copy) and the rows it passes (four: padded), for each answer of the two probes."""
+    from minisgl.layers import linear
+
+    monkeypatch.setattr(linear, "min_packed_rows", lambda: padded_rows)
+    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: gemv_copies)
+    monkeypatch.setattr(decode_kernels, "min_packed_rows", lambda: padded_rows)
+    monkeypatch.setattr(decode_kernels, "mkl_gemv_is_faster", lambda: gemv_copies)
+    weight = torch.randn(48, 40).to(dtype)
+    packed = linear.prepack_weight(weight)
+    kernels = decode_kernels.kernel_variants([weight])
+    if not packed.is_mkldnn:  # oneDNN does not pack this dtype on this CPU: apply_linear runs F.linear
+        assert {decode_kernels.picked_kernel(dtype, rows, kernels) for rows in (1, 2, 4, 8)} == {decode_kernels.PLAIN}
+        return
+    linear.keep_gemv_copy(packed, weight)
+    onednn_rows = []
+    real = torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: onednn_rows.append(len(x)) or real(x, *a))
+    for rows in (1, 2, 4, 8):
+        onednn_rows.clear()
+        linear.apply_linear(torch.randn(rows, 40).to(dtype), packed)
+        ran = decode_kernels.KMAJOR if not onednn_rows else decode_kernels.PADDED if onednn_rows != [rows] else None
+        ran = ran or decode_kernels.PACKED
+        assert decode_kernels.picked_kernel(dtype, rows, kernels) == ran, (rows, onednn_rows)
+
+
+def test_decode_kernels_script_prints_a_row_per_dtype_and_rows(decode_kernels, capsys):
+    """``python bench/decode_kernels.py`` on the default model: one row per row count, every kernel's rate."""
+    decode_kernels.main(["--dtypes", "bfloat16", "--rows", "1", "4", "--reps", "1"])
+    out = capsys.readouterr().out
+    rows = [line for line in out.splitlines() if "smollm2" in line]
+    assert len(rows) == 2 and all(line.count("*") == 1 for line in rows)
+    assert "the probes here" in out

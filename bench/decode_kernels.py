@@ -1,0 +1,129 @@
+"""The CPU decode kernels the start-up probes choose between, side by side on a model's own linear weights.
+
+    python bench/decode_kernels.py                           # SmolLM2, float32 and bfloat16, 1, 4, 8 rows (~1 min)
+    python bench/decode_kernels.py --models dummy134 --rows 1 2 --reps 9
+
+A decode step's linears read every weight once, so their time is the kernel's read rate. For each dtype and row
+count this times every kernel ``apply_linear`` can run, over weights of the model's own linear shapes (qkv and
+gate_up fused, as minisgl loads them) and its LM head, alternating kernels between repetitions: oneDNN's packed
+kernel (``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), MKL over K-major copies
+(``keep_gemv_copy``) and ``F.linear`` on the plain ``[out, in]`` weight (what HF transformers runs). The table
+shows median GB/s (weight bytes / time) and marks the kernel ``apply_linear`` runs here, after the probes' answers
+in this process; its last column is that kernel's rate over the fastest one's (below 1: the probes chose a slower
+kernel on this machine, at these shapes).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from engines import DTYPES, MODELS, decode_linear_weights, model_paths
+from rich.console import Console
+from rich.table import Table
+
+from minisgl.bench_one_batch import load_model
+from minisgl.layers.linear import min_packed_rows, mkl_gemv_is_faster, prepack_weight
+from minisgl.server_args import ServerArgs
+
+PACKED, PADDED, KMAJOR, PLAIN = KERNELS = ("oneDNN packed", "oneDNN padded to 4", "MKL, K-major copy", "F.linear (HF)")
+Kernel = Callable[[list[torch.Tensor]], list[torch.Tensor]]  # one input per weight -> outputs
+
+
+def linear_shapes(model_path: str) -> list[tuple[int, int]]:
+    """``[out, in]`` of every linear weight and the LM head of minisgl's model for ``model_path`` (rank 0, tp 1)."""
+    server_args = ServerArgs(model_path=model_path, dtype="float32", max_total_tokens=256)
+    with contextlib.redirect_stdout(io.StringIO()):
+        runner = load_model(server_args, 0)[0]
+    return [tuple(weight.shape) for weight, _ in decode_linear_weights(runner.torch_runner.model)]
+
+
+def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
+    """Each kernel, as a pass over all of ``plain``'s weights (one input of any row count per weight); the oneDNN
+    ones only where oneDNN packs this dtype."""
+    kmajor = [w.t().contiguous() for w in plain]
+    kernels = {KMAJOR: lambda xs: [x @ w for x, w in zip(xs, kmajor)],
+               PLAIN: lambda xs: [F.linear(x, w) for x, w in zip(xs, plain)]}  # fmt: skip
+    packed = [prepack_weight(w) for w in plain]
+    if packed[0].is_mkldnn:
+
+        def onednn(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            return [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for x, w in zip(xs, packed)]
+
+        def padded(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            rows = xs[0].shape[0]
+            return [out[:rows] for out in onednn([F.pad(x, (0, 0, 0, max(0, 4 - rows))) for x in xs])]
+
+        kernels = {PACKED: onednn, PADDED: padded, **kernels}
+    return kernels
+
+
+def picked_kernel(dtype: torch.dtype, rows: int, kernels: dict[str, Kernel]) -> str:
+    """The kernel ``apply_linear`` runs for ``rows`` rows of this dtype after this process's probes."""
+    if PACKED not in kernels:
+        return PLAIN
+    if rows == 1 and dtype == torch.float32 and mkl_gemv_is_faster():
+        return KMAJOR
+    return PADDED if rows < min_packed_rows() else PACKED
+
+
+def time_kernels(kernels: dict[str, Kernel], xs: list[torch.Tensor], reps: int) -> dict[str, float]:
+    """Median seconds of one pass per kernel, kernels alternating within each repetition; one warm-up pass each."""
+    times = {name: [] for name in kernels}
+    for rep in range(reps + 1):
+        for name, kernel in kernels.items():
+            tic = time.perf_counter()
+            kernel(xs)
+            if rep:
+                times[name].append(time.perf_counter() - tic)
+    return {name: statistics.median(values) for name, values in times.items()}
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=["smollm2"], choices=MODELS)
+    parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
+    parser.add_argument("--rows", nargs="+", type=int, default=[1, 4, 8], help="decode batch sizes")
+    parser.add_argument("--reps", type=int, default=5)
+    args = parser.parse_args(argv)
+    if min(args.rows) < 1 or args.reps < 1:
+        parser.error("--rows and --reps: 1 or more")
+    console = Console()
+    padding = "to 4 rows" if min_packed_rows() == 4 else "none"
+    copies = "yes" if mkl_gemv_is_faster() else "no"
+    console.print(f"the probes here: oneDNN's 1-3 row inputs padded: {padding}; K-major copies for float32 single rows: "
+                  f"{copies}")  # fmt: skip
+    table = Table(title="decode linears, GB/s (median); * = the kernel apply_linear runs")
+    for column in ("model", "dtype", "rows", *KERNELS, "picked / fastest"):
+        table.add_column(column)
+    with tempfile.TemporaryDirectory(prefix="minisgl-kernels-") as scratch:
+        paths = model_paths(args.models, scratch)
+        for model_name in args.models:
+            shapes = linear_shapes(paths[model_name])
+            for dtype_name in args.dtypes:
+                dtype = DTYPES[dtype_name]
+                plain = [torch.randn(shape).mul_(0.02).to(dtype) for shape in shapes]
+                weight_bytes = sum(w.numel() * w.element_size() for w in plain)
+                kernels = kernel_variants(plain)
+                for rows in args.rows:
+                    xs = [torch.randn(rows, w.shape[1], dtype=dtype) for w in plain]
+                    # padding to four changes nothing from four rows on
+                    timed = {n: k for n, k in kernels.items() if n != PADDED or rows < 4}
+                    seconds = time_kernels(timed, xs, args.reps)
+                    picked = picked_kernel(dtype, rows, kernels)
+                    rate = {name: weight_bytes / s / 1e9 for name, s in seconds.items()}
+                    cells = [f"{rate[n]:.1f}{' *' * (n == picked)}" if n in rate else "-" for n in KERNELS]
+                    table.add_row(model_name, dtype_name, str(rows), *cells, f"{rate[picked] / max(rate.values()):.2f}")
+                del plain, kernels
+    console.print(table)
+
+
+if __name__ == "__main__":
+    main()
