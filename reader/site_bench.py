@@ -155,8 +155,9 @@ def _machine(machine: dict | None) -> str:
     )
     probes = ""
     if "padded_rows" in machine:  # results written before the probes were recorded have neither
+        padding = "not padded" if machine["padded_rows"] == 1 else f"padded to {machine['padded_rows']}"
         probes = (
-            f" The start-up probes chose: 1-3 decode rows padded to {machine['padded_rows']} for oneDNN; K-major "
+            f" The start-up probes chose: 1-3 decode rows {padding} for oneDNN; K-major "
             f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
         )
     return (

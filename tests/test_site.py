@@ -227,3 +227,16 @@ def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch)
     model = data["rows"][0]["model"]  # each of its rows once in each engine's table
     expected = len(site_bench._engines(data["rows"])) * sum(r["model"] == model for r in data["rows"])
     assert cuda.count(f"| {model} |") == expected
+
+
+@pytest.mark.parametrize(("padded_rows", "copies", "expected"), [
+    (1, False, "1-3 decode rows not padded for oneDNN; K-major copies for MKL's single-row GEMV in float32: no."),
+    (4, True, "1-3 decode rows padded to 4 for oneDNN; K-major copies for MKL's single-row GEMV in float32: yes."),
+])  # fmt: skip
+def test_bench_page_names_the_probes_choices(padded_rows, copies, expected):
+    from reader.site_bench import _machine
+
+    machine = {"cpu": "AMD EPYC", "cores": 2, "torch_threads": 2, "capability": "AVX512", "amx": False,
+               "avx512_bf16": True, "padded_rows": padded_rows, "mkl_gemv_copies": copies}  # fmt: skip
+    assert expected in _machine(machine)
+    assert "probes" not in _machine({k: v for k, v in machine.items() if k not in ("padded_rows", "mkl_gemv_copies")})
