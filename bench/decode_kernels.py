@@ -4,13 +4,15 @@
     python bench/decode_kernels.py --models dummy134 --rows 1 2 --reps 9
 
 A decode step's linears read every weight once, so their time is the kernel's read rate. For each dtype and row
-count this times every kernel ``apply_linear`` can run, over weights of the model's own linear shapes (qkv and
-gate_up fused, as minisgl loads them) and its LM head, alternating kernels between repetitions: oneDNN's packed
-kernel (``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), MKL over K-major copies
-(``keep_gemv_copy``) and ``F.linear`` on the plain ``[out, in]`` weight (what HF transformers runs). The table
-shows median GB/s (weight bytes / time) and marks the kernel ``apply_linear`` runs here, after the probes' answers
-in this process; its last column is that kernel's rate over the fastest one's (below 1: the probes chose a slower
-kernel on this machine, at these shapes).
+count this times the candidate kernels over random weights of the model's own linear shapes (qkv and gate_up
+fused, as minisgl loads them) and its LM head, alternating kernels between repetitions: oneDNN's packed kernel
+(``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), MKL over K-major copies
+(``keep_gemv_copy``; timed in bfloat16 too, where no probe offers it) and ``F.linear`` on the plain ``[out, in]``
+weight (what HF transformers runs). The table shows median GB/s (weight bytes / time) and marks the kernel the
+eager engine's ``apply_linear`` runs after this process's probes (a compiled graph's linears are Inductor's
+choice). The last column is that kernel's rate over the fastest one's; below 1, a faster kernel exists at these
+shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs only and the K-major copies for
+float32 only, and five repetitions on a shared VM carry noise.
 """
 
 from __future__ import annotations
@@ -38,8 +40,9 @@ Kernel = Callable[[list[torch.Tensor]], list[torch.Tensor]]  # one input per wei
 
 
 def linear_shapes(model_path: str) -> list[tuple[int, int]]:
-    """``[out, in]`` of every linear weight and the LM head of minisgl's model for ``model_path`` (rank 0, tp 1)."""
-    server_args = ServerArgs(model_path=model_path, dtype="float32", max_total_tokens=256)
+    """``[out, in]`` of every linear weight and the LM head of minisgl's model for ``model_path`` (rank 0, tp 1),
+    built with dummy weights: only the config is read."""
+    server_args = ServerArgs(model_path=model_path, dtype="float32", max_total_tokens=256, load_format="dummy")
     with contextlib.redirect_stdout(io.StringIO()):
         runner = load_model(server_args, 0)[0]
     return [tuple(weight.shape) for weight, _ in decode_linear_weights(runner.torch_runner.model)]
@@ -121,7 +124,7 @@ def main(argv: list[str] | None = None) -> None:
                     rate = {name: weight_bytes / s / 1e9 for name, s in seconds.items()}
                     cells = [f"{rate[n]:.1f}{' *' * (n == picked)}" if n in rate else "-" for n in KERNELS]
                     table.add_row(model_name, dtype_name, str(rows), *cells, f"{rate[picked] / max(rate.values()):.2f}")
-                del plain, kernels
+                del plain, kernels, timed  # the closures hold every copy of the weights
     console.print(table)
 
 

@@ -561,7 +561,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.linear.mkl_gemv_is_faster": "SGLang's CPU path always packs for its AMX kernels (amx_utils); minisgl probes which kernel reads a single row fastest",
     "minisgl.layers.linear.keep_gemv_copy": "SGLang keeps one packed weight per linear on CPU; minisgl adds a K-major copy for MKL's GEMV where the probe finds it faster",
     "minisgl.layers.linear.min_packed_rows": "SGLang's CPU path packs for its AMX kernels and never pads rows; minisgl probes, on first use, whether oneDNN's 4-row kernel is faster",
-    "minisgl.layers.linear._packed_rows_probe": "helper of the kernel probes",
+    "minisgl.layers.linear._packed_rows_probe": "the padding probe behind min_packed_rows",
     "minisgl.layers.linear._probe_weights": "helper of the kernel probes",
     "minisgl.layers.linear._median_seconds": "helper of the kernel probes",
     "minisgl.mem_cache.common.OutOfKVCacheError": "SGLang raises RuntimeError('Out of memory...') after trying to evict from the tree cache",

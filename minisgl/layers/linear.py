@@ -132,10 +132,12 @@ _min_packed_rows: int | None = None
 def min_packed_rows() -> int:
     """The fewest rows oneDNN's packed kernels are given (``_packed_rows_probe``), probed on first use.
 
-    Not at import: the probe streams 256 MiB for ~0.2 s, which a CUDA run, the reader or a test that never
-    prepacks a weight should not pay. A plain global rather than ``functools.cache``, because ``apply_linear``
-    reads it inside compiled graphs, where Dynamo would trace the probe itself instead of the cached value;
-    ``prepack_linear_weights`` calls it eagerly, before any graph is traced.
+    Not at import: the probe allocates 256 MiB and reads it for ~0.2 s, which a CUDA run, the reader or a test
+    that never packs a weight should not pay. A CPU model's load calls it (``prepack_linear_weights``, and
+    ``CPUGraphRunner`` for compiled models, whose weights Inductor packs), so no timed forward includes the probe.
+    A plain global rather than ``functools.cache``: ``apply_linear`` may be traced, and Dynamo traces through
+    ``functools.cache`` into the probe itself (compiled models keep plain weights, so today traced code returns
+    before it reads this).
     """
     global _min_packed_rows
     if _min_packed_rows is None:
@@ -178,10 +180,11 @@ def keep_gemv_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
 
 def prepack_linear_weights(model: nn.Module) -> None:
     """Swap every linear layer's weight for its prepacked form, after loading (loaders need the plain one)."""
-    min_packed_rows()  # probed now, eagerly: a compiled graph that traces apply_linear reads the answer
     for module in model.modules():
         if isinstance(module, (ReplicatedLinear, RowParallelLinear)):
             packed = nn.Parameter(prepack_weight(module.weight), requires_grad=False)
+            if packed.is_mkldnn:
+                min_packed_rows()  # probed at load, not in the first forward, which a benchmark may time
             keep_gemv_copy(packed, module.weight)
             module.weight = packed
 
