@@ -59,14 +59,6 @@ CONDITIONAL = {
                 "minisgl.model_executor.forward_context.forward_context",
             ),
             (
-                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.execute",
-                "minisgl.layers.linear.min_packed_rows",
-            ),
-            (
-                "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.prepare_replay",
-                "minisgl.layers.linear.min_packed_rows",
-            ),
-            (
                 "minisgl.layers.radix_attention.RadixAttention.forward",
                 "minisgl.model_executor.forward_batch_info.ForwardMode.is_extend",
             ),

@@ -12,7 +12,6 @@ import torch
 import minisgl.layers.attention.torch_native_backend as backend_module
 from minisgl.bench_one_batch import decode, extend
 from minisgl.layers.linear import min_packed_rows
-from minisgl.model_executor import cpu_graph_runner
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.models import llama
 from tests.test_hf_equality import LONG_PROMPTS, PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
@@ -94,9 +93,9 @@ def test_small_decode_graph_logits_match_hf(compiled, monkeypatch, padded_rows):
     """The autotuned graph's own kernels (Inductor's C++ GEMM template where it wins the timing) against HF's
     logits at every decode step, not only the greedy tokens: three requests padded to four rows (CPUs with
     AMX) and one request unpadded (elsewhere), both on any CPU."""
-    monkeypatch.setattr(cpu_graph_runner, "min_packed_rows", lambda: padded_rows)
     prompts = PROMPTS if padded_rows > 1 else PROMPTS[:1]
     path, runner, calls = compiled
+    monkeypatch.setattr(runner.graph_runner, "small_decode_rows", padded_rows)
     before = calls["small_decode"]
     next_ids, _, batch = extend(make_reqs(prompts), runner)
     sequences = [list(p) + [t] for p, t in zip(prompts, next_ids.tolist())]

@@ -101,8 +101,9 @@ class CPUGraphRunner:
         # kernel the probe finds the faster, 33.6 -> 24.9). The tuning adds about a minute to the first small
         # decode's compile (SmolLM2, 2 cores). On CUDA nothing is padded, and every decode runs the general graph.
         self.compiled_small_decode = self.compiled_forward
+        self.small_decode_rows: int | None = None  # the rows small decodes are padded to; CPU only
         if self.device.type == "cpu":
-            min_packed_rows()  # probed at load, not in the first decode, which a benchmark may time
+            self.small_decode_rows = min_packed_rows()  # probed at load, not in a decode a benchmark may time
             autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                         # the timings stay quiet: no table per linear on stderr
                         "autotune_num_choices_displayed": 0, "max_autotune_report_choices_stats": False}  # fmt: skip
@@ -117,7 +118,7 @@ class CPUGraphRunner:
     def prepare_replay(self, forward_batch: ForwardBatch) -> ForwardBatch:
         """The batch the graph runs, with the attention metadata built for it.
 
-        On CPU, a decode of fewer than ``min_packed_rows()`` requests gets padding rows up to that many, for the
+        On CPU, a decode of fewer than ``small_decode_rows`` requests gets padding rows up to that many, for the
         linears: each is one token that writes its K/V to the reserved slot 0 of the KV pool, which real
         requests never read unmasked. The attention metadata is built before padding, so it covers the real
         requests only and the padding rows skip attention (see ``forward_decode``). SGLang's
@@ -126,8 +127,8 @@ class CPUGraphRunner:
         """
         forward_batch.attn_backend.init_forward_metadata(forward_batch)
         padding = 0
-        if forward_batch.forward_mode.is_decode() and self.device.type == "cpu":
-            padding = max(0, min_packed_rows() - forward_batch.batch_size)
+        if forward_batch.forward_mode.is_decode() and self.small_decode_rows:
+            padding = max(0, self.small_decode_rows - forward_batch.batch_size)
         if padding:
             # Only what the graph reads: the pool-row and length fields fed the metadata, built above.
             forward_batch = dataclasses.replace(
@@ -141,8 +142,7 @@ class CPUGraphRunner:
 
     def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
         batch = self.prepare_replay(forward_batch)
-        small_decode = self.device.type == "cpu" and batch.forward_mode.is_decode()
-        small_decode = small_decode and batch.batch_size == min_packed_rows()
+        small_decode = batch.forward_mode.is_decode() and batch.batch_size == self.small_decode_rows
         compiled_forward = self.compiled_small_decode if small_decode else self.compiled_forward
         with forward_context(ForwardContext(batch, self.attention_layers)):
             output = compiled_forward(batch.input_ids, batch.positions, batch)
