@@ -112,9 +112,8 @@ def test_padding_probe_runs_on_first_use_only(monkeypatch):
     calls = []
     monkeypatch.setattr(linear, "_min_packed_rows", None)
     monkeypatch.setattr(linear, "_packed_rows_probe", lambda: calls.append(1) or 4)
-    monkeypatch.setattr(
-        linear, "mkl_gemv_is_faster", lambda: False
-    )  # the other probe, real and cached, is not this test's
+    # the other probe, real and cached for the session, is not this test's
+    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: False)
     linear.prepack_linear_weights(torch.nn.Sequential(linear.ReplicatedLinear(8, 8)))
     assert calls == [1] and linear.min_packed_rows() == 4 and calls == [1]
 
