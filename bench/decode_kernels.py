@@ -6,12 +6,12 @@
 A decode step's linears read every weight once, so their time is the kernel's read rate. For each dtype and row
 count this times the candidate kernels over random weights of the model's own linear shapes (qkv and gate_up
 fused, as minisgl loads them) and its LM head, alternating kernels between repetitions: oneDNN's packed kernel
-(``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), MKL over K-major copies
-(``keep_gemv_copy``; timed in bfloat16 too, where no probe offers it) and ``F.linear`` on the plain ``[out, in]``
+(``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), MKL over column-blocked
+copies (``keep_gemv_copy``; timed in bfloat16 too, where no probe offers it) and ``F.linear`` on the plain ``[out, in]``
 weight (what HF transformers runs). The table shows median GB/s (weight bytes / time) and marks the kernel the
 eager engine's ``apply_linear`` runs after this process's probes (a compiled graph's linears are Inductor's
 choice). The last column is that kernel's rate over the fastest one's; below 1, a faster kernel exists at these
-shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs only and the K-major copies for
+shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs only and the blocked copies for
 float32 only, and five repetitions on a shared VM carry noise.
 """
 
@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import io
-import statistics
 import tempfile
-import time
 from collections.abc import Callable
 
 import torch
@@ -32,10 +30,17 @@ from rich.console import Console
 from rich.table import Table
 
 from minisgl.bench_one_batch import load_model
-from minisgl.layers.linear import min_packed_rows, mkl_gemv_is_faster, prepack_weight
+from minisgl.layers.linear import (
+    alternating_median_seconds,
+    blocked_gemv,
+    column_blocked,
+    min_packed_rows,
+    mkl_gemv_is_faster,
+    prepack_weight,
+)
 from minisgl.server_args import ServerArgs
 
-PACKED, PADDED, KMAJOR, PLAIN = KERNELS = ("oneDNN packed", "oneDNN padded to 4", "MKL, K-major copy", "F.linear (HF)")
+PACKED, PADDED, BLOCKED, PLAIN = KERNELS = ("oneDNN packed", "oneDNN padded to 4", "MKL, blocked copy", "F.linear (HF)")
 Kernel = Callable[[list[torch.Tensor]], list[torch.Tensor]]  # one input per weight -> outputs
 
 
@@ -51,8 +56,8 @@ def linear_shapes(model_path: str) -> list[tuple[int, int]]:
 def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
     """Each kernel, as a pass over all of ``plain``'s weights (one input of any row count per weight); the oneDNN
     ones only where oneDNN packs this dtype."""
-    kmajor = [w.t().contiguous() for w in plain]
-    kernels = {KMAJOR: lambda xs: [x @ w for x, w in zip(xs, kmajor)],
+    blocked = [column_blocked(w) for w in plain]
+    kernels = {BLOCKED: lambda xs: [blocked_gemv(x, b, len(w)) for x, b, w in zip(xs, blocked, plain)],
                PLAIN: lambda xs: [F.linear(x, w) for x, w in zip(xs, plain)]}  # fmt: skip
     packed = [prepack_weight(w) for w in plain]
     if packed[0].is_mkldnn:
@@ -73,20 +78,14 @@ def picked_kernel(dtype: torch.dtype, rows: int, kernels: dict[str, Kernel]) -> 
     if PACKED not in kernels:
         return PLAIN
     if rows == 1 and dtype == torch.float32 and mkl_gemv_is_faster():
-        return KMAJOR
+        return BLOCKED
     return PADDED if rows < min_packed_rows() else PACKED
 
 
 def time_kernels(kernels: dict[str, Kernel], xs: list[torch.Tensor], reps: int) -> dict[str, float]:
-    """Median seconds of one pass per kernel, kernels alternating within each repetition; one warm-up pass each."""
-    times = {name: [] for name in kernels}
-    for rep in range(reps + 1):
-        for name, kernel in kernels.items():
-            tic = time.perf_counter()
-            kernel(xs)
-            if rep:
-                times[name].append(time.perf_counter() - tic)
-    return {name: statistics.median(values) for name, values in times.items()}
+    """Median seconds of one pass per kernel, kernels alternating within each repetition, as the probes time."""
+    seconds = alternating_median_seconds([lambda kernel=kernel: kernel(xs) for kernel in kernels.values()], reps)
+    return dict(zip(kernels, seconds))
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -101,7 +100,7 @@ def main(argv: list[str] | None = None) -> None:
     console = Console()
     padding = "to 4 rows" if min_packed_rows() == 4 else "none"
     copies = "yes" if mkl_gemv_is_faster() else "no"
-    console.print(f"the probes here: oneDNN's 1-3 row inputs padded: {padding}; K-major copies for float32 single rows: "
+    console.print(f"the probes here: oneDNN's 1-3 row inputs padded: {padding}; column-blocked copies for float32 single rows: "
                   f"{copies}")  # fmt: skip
     table = Table(title="decode linears, GB/s (median); * = the kernel apply_linear runs")
     for column in ("model", "dtype", "rows", *KERNELS, "picked / fastest"):

@@ -157,7 +157,7 @@ def _machine(machine: dict | None) -> str:
     if "padded_rows" in machine:  # results written before the probes were recorded have neither
         padding = "not padded" if machine["padded_rows"] == 1 else f"padded to {machine['padded_rows']}"
         probes = (
-            f" The start-up probes chose: 1-3 decode rows {padding} for oneDNN; K-major "
+            f" The start-up probes chose: 1-3 decode rows {padding} for oneDNN; column-blocked "
             f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
         )
     return (
@@ -236,8 +236,8 @@ def bench_pages() -> dict[str, str]:
             "The floor is the time to read the step's weights at the row's measured bandwidth. *Linears alone* runs "
             "every linear layer and the LM head of the loaded model, with minisgl's own prepacked weights and "
             "kernels, on the batch's rows, timed between the repetitions (the fastest of three passes): it is what "
-            "minisgl's kernels need to stream the weights (oneDNN's; for a single float32 row, MKL's GEMV where "
-            "the K-major copies are kept), and its read rate is how close those kernels come to the "
+            "minisgl's kernels need to stream the weights (oneDNN's; for a single float32 row, MKL's over "
+            "column-blocked copies where they are kept), and its read rate is how close those kernels come to the "
             "measured bandwidth; their FLOP rate (the batch's rows only: where oneDNN pads, below four rows the "
             "kernel runs four, padded), against the matmul peak, shows when a larger batch makes them bound by "
             "compute instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "

@@ -220,7 +220,7 @@ def test_decode_kernel_variants_all_compute_the_linear(decode_kernels, dtype):
     torch.manual_seed(0)
     plain = [torch.randn(48, 40).to(dtype), torch.randn(24, 48).to(dtype)]
     kernels = decode_kernels.kernel_variants(plain)
-    assert set(kernels) >= {decode_kernels.KMAJOR, decode_kernels.PLAIN}
+    assert set(kernels) >= {decode_kernels.BLOCKED, decode_kernels.PLAIN}
     for rows in (1, 3, 4, 6):
         xs = [torch.randn(rows, w.shape[1]).to(dtype) for w in plain]
         refs = [x.double() @ w.double().t() for x, w in zip(xs, plain)]
@@ -237,7 +237,7 @@ def test_decode_kernels_marks_the_kernel_apply_linear_runs(
     decode_kernels, monkeypatch, dtype, gemv_copies, padded_rows
 ):
     """The kernel the table marks is the one apply_linear calls, seen from the oneDNN call it makes (none: the
-    K-major copy) and the rows it passes (four: padded), for each answer of the two probes."""
+    blocked copy) and the rows it passes (four: padded), for each answer of the two probes."""
     from minisgl.layers import linear
 
     monkeypatch.setattr(linear, "min_packed_rows", lambda: padded_rows)
@@ -257,7 +257,7 @@ def test_decode_kernels_marks_the_kernel_apply_linear_runs(
     for rows in (1, 2, 4, 8):
         onednn_rows.clear()
         linear.apply_linear(torch.randn(rows, 40).to(dtype), packed)
-        ran = decode_kernels.KMAJOR if not onednn_rows else decode_kernels.PADDED if onednn_rows != [rows] else None
+        ran = decode_kernels.BLOCKED if not onednn_rows else decode_kernels.PADDED if onednn_rows != [rows] else None
         ran = ran or decode_kernels.PACKED
         assert decode_kernels.picked_kernel(dtype, rows, kernels) == ran, (rows, onednn_rows)
 

@@ -96,7 +96,7 @@ def test_greedy_tokens_match_hf_generate(model_path):
 
 @pytest.mark.parametrize("gemv_copies", [False, True], ids=["onednn-gemv", "mkl-gemv"])
 def test_single_request_decode_matches_hf_with_either_gemv_layout(tiny_llama, gemv_copies, monkeypatch):
-    """A batch-1 decode reads the K-major copies where MKL's GEMV is the faster (forced either way here): the
+    """A batch-1 decode reads the column-blocked copies where MKL's GEMV is the faster (forced either way here): the
     greedy tokens equal HF's both ways, and the copies exist exactly when chosen (and only on CPU)."""
     from minisgl.layers import linear
 

@@ -63,8 +63,9 @@ def test_apply_linear_on_prepacked_weight_matches_plain_linear(monkeypatch, padd
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemv", "mkl-gemv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch, faster, dtype):
-    """Where MKL's GEMV is the faster (forced either way), a float32 packed weight gets a K-major copy, and only
-    single rows read it; bfloat16 never gets one. Every row count gives the plain layer's values."""
+    """Where MKL's GEMV is the faster (forced either way), a float32 packed weight gets a column-blocked copy
+    (48 features: two blocks of 32, the last zero-padded), and only single rows read it; bfloat16 never gets one.
+    Every row count gives the plain layer's values."""
     monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: faster)
     weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
     packed = linear.prepack_weight(weight)
@@ -72,7 +73,8 @@ def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch,
     has_copy = faster and dtype == torch.float32 and packed.is_mkldnn
     assert hasattr(packed, "gemv_weight") == has_copy
     if has_copy:
-        assert packed.gemv_weight.shape == (40, 48) and packed.gemv_weight.is_contiguous()
+        assert packed.gemv_weight.shape == (2, 40, 32) and packed.gemv_weight.is_contiguous()
+        assert not packed.gemv_weight[1, :, 16:].any()  # the padding features
         packed.gemv_weight.mul_(2)  # a copy that single rows alone read: doubled, their outputs double
     for rows, use_bias in [(1, False), (1, True), (2, True), (5, False)]:
         x = torch.randn(rows, 40).to(dtype)
@@ -85,20 +87,34 @@ def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch,
 
 @pytest.mark.parametrize("ratio", [0.85, 0.95])
 def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio):
-    """Both probes' rule, on timings given to them: the alternative kernel (4 padded rows; MKL's GEMV over the
-    K-major copies) is chosen when it takes under 90% of the default's time, and not when it takes 95%."""
+    """Both probes' rule, on timings given to them: the alternative kernel (4 padded rows; MKL over the
+    column-blocked copies) is chosen when it takes under 90% of the default's time, and not when it takes 95%."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # the padding probe runs on AMX CPUs only
-    tiny = [torch.zeros(8, 8)]
+    tiny = [torch.zeros(32, 8)]
     monkeypatch.setattr(linear, "_probe_weights", lambda: (tiny, [linear.prepack_weight(w) for w in tiny]))
-    # each probe times its alternative first (after one warm-up pass for the padding probe), then the default
-    padding_times = iter([1.0, ratio, 1.0])
-    monkeypatch.setattr(linear, "_median_seconds", lambda fn, reps=5: next(padding_times))
+    # each probe times [its alternative, the default]
+    monkeypatch.setattr(linear, "alternating_median_seconds", lambda passes, reps=7: [ratio, 1.0])
     assert linear._packed_rows_probe() == (4 if ratio < 0.9 else 1)
     if not linear.prepack_weight(tiny[0]).is_mkldnn:
         return  # without oneDNN there is nothing to copy for
-    gemv_times = iter([ratio, ratio, 1.0])
-    monkeypatch.setattr(linear, "_median_seconds", lambda fn, reps=5: next(gemv_times))
     assert linear.mkl_gemv_is_faster.__wrapped__() == (ratio < 0.9)
+
+
+def test_probe_timings_alternate_the_passes(monkeypatch):
+    """The probes' timer runs the passes in turn, a warm-up round first and untimed, and returns each pass's
+    median over the timed rounds."""
+    calls, clock = [], iter(range(100))
+    monkeypatch.setattr(linear.time, "perf_counter", lambda: next(clock))
+    slow = iter([0, 5, 7, 9])  # extra ticks each pass of the first kernel spends: warm-up, then three rounds
+
+    def first():
+        calls.append("a")
+        for _ in range(next(slow)):
+            next(clock)
+
+    medians = linear.alternating_median_seconds([first, lambda: calls.append("b")], reps=3)
+    assert calls == ["a", "b"] * 4
+    assert medians == [8, 1]  # first: 6, 8, 10 ticks; second: 1 each
 
 
 def test_padding_probe_runs_on_first_use_only(monkeypatch):

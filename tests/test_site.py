@@ -230,8 +230,8 @@ def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch)
 
 
 @pytest.mark.parametrize(("padded_rows", "copies", "expected"), [
-    (1, False, "1-3 decode rows not padded for oneDNN; K-major copies for MKL's single-row GEMV in float32: no."),
-    (4, True, "1-3 decode rows padded to 4 for oneDNN; K-major copies for MKL's single-row GEMV in float32: yes."),
+    (1, False, "1-3 decode rows not padded for oneDNN; column-blocked copies for MKL's single-row GEMV in float32: no."),
+    (4, True, "1-3 decode rows padded to 4 for oneDNN; column-blocked copies for MKL's single-row GEMV in float32: yes."),
 ])  # fmt: skip
 def test_bench_page_names_the_probes_choices(padded_rows, copies, expected):
     from reader.site_bench import _machine

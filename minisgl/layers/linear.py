@@ -14,7 +14,7 @@ from __future__ import annotations
 import functools
 import statistics
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -63,13 +63,25 @@ def _probe_weights() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
     return plain, [prepack_weight(w) for w in plain]
 
 
-def _median_seconds(fn, reps: int = 5) -> float:
-    times = []
-    for _ in range(reps):
-        tic = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - tic)
-    return statistics.median(times)
+def alternating_median_seconds(passes: Sequence[Callable[[], object]], reps: int = 7) -> list[float]:
+    """Median seconds of each pass, over ``reps`` rounds that run every pass in turn, after one warm-up round
+    (fresh pages). Alternating matters on a shared VM: its slow phases last longer than a pass, and timed one
+    kernel after the other they fall on whichever ran then (here one kernel read at 16-19 GB/s in one run of
+    seven passes and at 22-31 in the next)."""
+    times: list[list[float]] = [[] for _ in passes]
+    for rep in range(reps + 1):
+        for fn, kept in zip(passes, times):
+            tic = time.perf_counter()
+            fn()
+            if rep:
+                kept.append(time.perf_counter() - tic)
+    return [statistics.median(kept) for kept in times]
+
+
+def _is_faster_by_a_tenth(alternative: Callable[[], object], default: Callable[[], object]) -> bool:
+    """The probes' rule: switch from the default kernel only for one that takes under 90% of its time."""
+    alternative_seconds, default_seconds = alternating_median_seconds([alternative, default])
+    return alternative_seconds < 0.9 * default_seconds
 
 
 def _packed_rows_probe() -> int:
@@ -88,11 +100,10 @@ def _packed_rows_probe() -> int:
     _, packed = _probe_weights()
     one, four = torch.ones(1, 2048), torch.ones(4, 2048)
 
-    def rows(x: torch.Tensor) -> float:
-        return _median_seconds(lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed])
+    def rows(x: torch.Tensor):
+        return lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed]
 
-    rows(four)  # warm-up: the first pass touches fresh pages
-    return 4 if rows(four) < 0.9 * rows(one) else 1
+    return 4 if _is_faster_by_a_tenth(rows(four), rows(one)) else 1
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
@@ -101,7 +112,8 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     rows = x.shape[0]
     gemv_weight = getattr(weight, "gemv_weight", None)
     if rows == 1 and gemv_weight is not None:  # see keep_gemv_copy
-        return x @ gemv_weight if bias is None else torch.addmm(bias, x, gemv_weight)
+        out = blocked_gemv(x, gemv_weight, weight.shape[0])
+        return out if bias is None else out.add_(bias)
     packed_rows = min_packed_rows()
     if rows >= packed_rows:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -145,37 +157,60 @@ def min_packed_rows() -> int:
     return _min_packed_rows
 
 
+GEMV_BLOCK_COLUMNS = 32  # output features per block of a GEMV copy: two AVX-512 (four AVX2) vectors of float32
+
+
+def column_blocked(weight: torch.Tensor) -> torch.Tensor:
+    """A float32 ``[out, in]`` weight as ``[out / 32, in, 32]`` blocks, each block's columns the weights of 32
+    output features (the last block zero-padded): the layout ``blocked_gemv`` reads."""
+    pad = -weight.shape[0] % GEMV_BLOCK_COLUMNS
+    padded = F.pad(weight.detach(), (0, 0, 0, pad))
+    return padded.view(-1, GEMV_BLOCK_COLUMNS, weight.shape[1]).transpose(1, 2).contiguous()
+
+
+def blocked_gemv(x: torch.Tensor, blocked: torch.Tensor, out_features: int) -> torch.Tensor:
+    """``x @ W^T`` over ``column_blocked(W)``: one batched product, ``x @ [in, 32]`` per block, which MKL runs as
+    independent small GEMMs, each streaming its block front to back. For single rows (``apply_linear``), where
+    the result is already in feature order; more rows are gathered from the blocks (``bench/decode_kernels.py``).
+    """
+    return torch.matmul(x, blocked).transpose(0, 1).reshape(x.shape[0], -1)[:, :out_features]
+
+
 @functools.cache
 def mkl_gemv_is_faster() -> bool:
-    """Whether MKL's GEMV over a K-major (``[in, out]``) float32 weight reads a single row's weights at least 10%
-    faster than oneDNN's packed kernel does on this CPU (as ``apply_linear`` calls it, padded where it pads).
+    """Whether MKL's batched GEMM over column-blocked float32 weights (``blocked_gemv``) reads a single row's
+    weights at least 10% faster than oneDNN's packed kernel does on this CPU (as ``apply_linear`` calls it,
+    padded where it pads).
 
     Probed once per process, on 128 MiB of weights (past the caches, as a model's are): which kernel streams
-    fastest differs from one CPU, and one VM, to another. On a Xeon VM with AMX, SmolLM2's float32 linears and
-    LM head at one row: MKL over K-major copies 27-28 GB/s, over the plain ``[out, in]`` layout 22, oneDNN packed
-    20-21 (padded to four rows 18-20); at eight rows oneDNN 17, MKL 10-12, so batches keep the packed weight.
-    In bfloat16 oneDNN is the faster one at every row count (17 GB/s against 10), so only float32 is probed.
+    fastest differs from one CPU, and one VM, to another. On an AMD EPYC VM (Zen 4, no AMX), SmolLM2's float32
+    linears and LM head at one row, median GB/s: blocked 18.8-20.9, oneDNN packed 15.1-16.3, MKL's GEMV over
+    a K-major copy 13.3-14.8 (the copies' layout before the blocked one; on a Xeon VM with AMX it had led,
+    27-28 against oneDNN's 20-21, where the blocked layout was not measured). At two or more rows oneDNN is
+    faster (at eight, 15 GB/s against 10-11), so batches keep the packed weight. In bfloat16 oneDNN is the
+    faster one at every row count (15-18 GB/s against 6-15 blocked), so only float32 is probed.
     """
     weights, packed = _probe_weights()
     if not packed[0].is_mkldnn:
         return False
-    gemv_weights = [w.t().contiguous() for w in weights]
+    blocked = [column_blocked(w) for w in weights]
     x = torch.ones(1, 2048)
-    _median_seconds(lambda: [x @ w for w in gemv_weights], reps=1)  # warm-up: fresh pages
-    mkl = _median_seconds(lambda: [x @ w for w in gemv_weights])
-    onednn = _median_seconds(lambda: [apply_linear(x, w) for w in packed])
-    return mkl < 0.9 * onednn
+    return _is_faster_by_a_tenth(
+        lambda: [blocked_gemv(x, w, 2048) for w in blocked], lambda: [apply_linear(x, w) for w in packed]
+    )
 
 
 def keep_gemv_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
-    """Give a prepacked float32 weight a K-major plain copy for single-row inputs, where MKL reads that faster.
+    """Give a prepacked float32 weight a column-blocked copy for single-row inputs, where MKL reads that faster.
 
-    A batch-1 decode step is one weight read per linear, so its time is the kernel's read rate: SmolLM2 float32
-    batch-1 eager decode on a Xeon VM with AMX, in-process A/B, 48.8 -> 34.8 ms/step. The price is a second copy
-    of every float32 linear weight (SmolLM2: +538 MB), kept only where ``mkl_gemv_is_faster``.
+    A batch-1 decode step is one weight read per linear, so its time is the kernel's read rate. Float32 batch-1
+    eager decode, in-process A/B on an AMD EPYC VM, ms/step (median of five runs): SmolLM2 55.3 -> 48.0 and
+    55.6 -> 47.9, dummy134 32.9 -> 28.3; on a Xeon VM with AMX, with the K-major copies of then, SmolLM2 48.8 ->
+    34.8. The price is a second copy of every float32 linear weight (SmolLM2: +538 MB), kept only where
+    ``mkl_gemv_is_faster``.
     """
     if packed.is_mkldnn and weight.dtype == torch.float32 and mkl_gemv_is_faster():
-        packed.gemv_weight = weight.detach().t().contiguous()
+        packed.gemv_weight = column_blocked(weight)
 
 
 def prepack_linear_weights(model: nn.Module) -> None:
