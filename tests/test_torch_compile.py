@@ -173,3 +173,24 @@ def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):
     ref_logits, ref_tokens = run_greedy(make_runner(tiny_llama, load_format="dummy", random_seed=7), PROMPTS, 2)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens
+
+
+def test_every_compiled_graph_drops_the_module_guards(tiny_llama, monkeypatch):
+    """Both compiled forwards (the general one and the tuned small-decode one) check only the guards
+    ``keep_weight_identity_guards`` keeps: torch.compile pops the filter out of the options it is given, so the
+    options must not be shared between the two. Batch 1 compiles an extend graph and the small-decode graph."""
+    import minisgl.model_executor.cpu_graph_runner as cpu_graph_runner
+
+    filtered = []
+    real = cpu_graph_runner.keep_weight_identity_guards
+
+    def counted(guard_entries):
+        keep = real(guard_entries)
+        filtered.append((len(keep), sum(keep)))
+        return keep
+
+    monkeypatch.setattr(cpu_graph_runner, "keep_weight_identity_guards", counted)
+    runner, calls = compiled_runner(tiny_llama)
+    run_greedy(runner, PROMPTS[:1], steps=3)
+    assert calls == {"extend": 1, "decode": 2, "small_decode": 2}
+    assert len(filtered) == 2 and all(kept < total / 2 for total, kept in filtered), filtered
