@@ -169,8 +169,8 @@ def column_blocked(weight: torch.Tensor) -> torch.Tensor:
 
 
 def blocked_gemv(x: torch.Tensor, blocked: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x @ W^T`` over ``column_blocked(W)``: one batched product, ``x @ [in, 32]`` per block, which MKL runs as
-    independent small GEMMs, each streaming its block front to back. For single rows (``apply_linear``), where
+    """``x @ W^T`` over ``column_blocked(W)``: one batched product (``bmm``, MKL's batched GEMM), ``x @ [in, 32]``
+    per block, each block contiguous, so each small GEMM reads its weights front to back. For single rows (``apply_linear``), where
     the result is already in feature order; more rows are gathered from the blocks (``bench/decode_kernels.py``).
     """
     return torch.matmul(x, blocked).transpose(0, 1).reshape(x.shape[0], -1)[:, :out_features]
@@ -183,10 +183,11 @@ def mkl_gemv_is_faster() -> bool:
     padded where it pads).
 
     Probed once per process, on 128 MiB of weights (past the caches, as a model's are): which kernel streams
-    fastest differs from one CPU, and one VM, to another. On an AMD EPYC VM (Zen 4, no AMX), SmolLM2's float32
-    linears and LM head at one row, median GB/s: blocked 18.8-20.9, oneDNN packed 15.1-16.3, MKL's GEMV over
-    a K-major copy 13.3-14.8 (the copies' layout before the blocked one; on a Xeon VM with AMX it had led,
-    27-28 against oneDNN's 20-21, where the blocked layout was not measured). At two or more rows oneDNN is
+    fastest differs from one CPU, and one VM, to another. On an AMD EPYC VM (Zen 4, no AMX), float32 linears
+    and LM head at one row, median GB/s over four runs: SmolLM2's blocked 16.3-19.4, oneDNN packed 15.1-18.0;
+    dummy134's 17.7-25.8 against 16.2-19.3; MKL's GEMV over a K-major copy 13.3 and 14.8 (the copies' layout
+    before the blocked one; on a Xeon VM with AMX it had led, 27-28 against oneDNN's 20-21, where the blocked
+    layout was not measured). At two or more rows oneDNN is
     faster (at eight, 15 GB/s against 10-11), so batches keep the packed weight. In bfloat16 oneDNN is the
     faster one at every row count (15-18 GB/s against 6-15 blocked), so only float32 is probed.
     """
