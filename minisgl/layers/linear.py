@@ -100,7 +100,7 @@ def _packed_rows_probe() -> int:
     _, packed = _probe_weights()
     one, four = torch.ones(1, 2048), torch.ones(4, 2048)
 
-    def rows(x: torch.Tensor):
+    def rows(x: torch.Tensor) -> Callable[[], object]:
         return lambda: [torch.ops.mkldnn._linear_pointwise(x, w, None, "none", [], "") for w in packed]
 
     return 4 if _is_faster_by_a_tenth(rows(four), rows(one)) else 1
@@ -157,7 +157,9 @@ def min_packed_rows() -> int:
     return _min_packed_rows
 
 
-GEMV_BLOCK_COLUMNS = 32  # output features per block of a GEMV copy: two AVX-512 (four AVX2) vectors of float32
+# Output features per block of a GEMV copy. Measured on an AMD EPYC VM, float32 one row, median GB/s on
+# SmolLM2's / dummy134's shapes: 16 columns 18.8 / 20.9, 32 columns 19.1 / 22.2, 64 columns 11.5 / 13.8.
+GEMV_BLOCK_COLUMNS = 32
 
 
 def column_blocked(weight: torch.Tensor) -> torch.Tensor:
@@ -169,11 +171,16 @@ def column_blocked(weight: torch.Tensor) -> torch.Tensor:
 
 
 def blocked_gemv(x: torch.Tensor, blocked: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x @ W^T`` over ``column_blocked(W)``: one batched product (``bmm``, MKL's batched GEMM), ``x @ [in, 32]``
-    per block, each block contiguous, so each small GEMM reads its weights front to back. For single rows (``apply_linear``), where
-    the result is already in feature order; more rows are gathered from the blocks (``bench/decode_kernels.py``).
+    """``x @ W^T`` over ``column_blocked(W)``: one batched product (``bmm``, MKL's ``SGEMM_BATCH``), ``x @ [in,
+    32]`` per block; each block is contiguous, so each small GEMM reads its weights front to back.
+
+    Made for single rows (``apply_linear``), whose result is already in feature order: a view, sliced only
+    where the last block is padded (each extra view op costs ~1 us, and a SmolLM2 step runs 121 linears). More
+    rows are gathered from the blocks, for ``bench/decode_kernels.py``.
     """
-    return torch.matmul(x, blocked).transpose(0, 1).reshape(x.shape[0], -1)[:, :out_features]
+    out = torch.matmul(x, blocked)  # [blocks, rows, 32]
+    out = out.view(1, -1) if x.shape[0] == 1 else out.transpose(0, 1).reshape(x.shape[0], -1)
+    return out if out.shape[1] == out_features else out[:, :out_features]
 
 
 @functools.cache
@@ -187,9 +194,9 @@ def mkl_gemv_is_faster() -> bool:
     and LM head at one row, median GB/s over four runs: SmolLM2's blocked 16.3-19.4, oneDNN packed 15.1-18.0;
     dummy134's 17.7-25.8 against 16.2-19.3; MKL's GEMV over a K-major copy 13.3 and 14.8 (the copies' layout
     before the blocked one; on a Xeon VM with AMX it had led, 27-28 against oneDNN's 20-21, where the blocked
-    layout was not measured). At two or more rows oneDNN is
-    faster (at eight, 15 GB/s against 10-11), so batches keep the packed weight. In bfloat16 oneDNN is the
-    faster one at every row count (15-18 GB/s against 6-15 blocked), so only float32 is probed.
+    layout was not measured). At two or more rows oneDNN is faster (at eight, 15 GB/s against 10-11), so
+    batches keep the packed weight. In bfloat16 oneDNN is the faster one at every row count (15-18 GB/s against
+    6-15 blocked), so only float32 is probed.
     """
     weights, packed = _probe_weights()
     if not packed[0].is_mkldnn:
