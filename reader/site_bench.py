@@ -222,11 +222,11 @@ def bench_pages() -> dict[str, str]:
         "engine's run of every row, each sample the fastest of three readers of a 1 GiB matrix (`torch.mv`, "
         "oneDNN's prepacked linear at four rows, a plain sum); this VM's bandwidth changes in phases, so each "
         "row's floor uses the median of its own samples (shown in the decode breakdown below). All samples: "
-        f"{_bandwidth(peaks)}. Decode steps have phases of their own that the probe does not see: on the AMD EPYC "
-        "VM of these results, six consecutive runs of the compiled dummy134 float32 batch-1 step in one process took "
-        "13.2, 17.6, 11.3, 15.8, 17.2 and 18.3 ms (medians of 31 steps) while the probe read 29-33 GB/s, and kernel "
-        "profiles found the compiled graph's linears streaming at 45-50 GB/s in a fast phase (dummy134) and at 24-31 "
-        "in a slow one (SmolLM2). A row's decode share is the median over such phases.\n\n"
+        f"{_bandwidth(peaks)}. Decode steps can have phases of their own that the probe does not see: on a 2-core "
+        "AMD EPYC VM (December 2026), six consecutive runs of the compiled dummy134 float32 batch-1 step in one "
+        "process took 13.2, 17.6, 11.3, 15.8, 17.2 and 18.3 ms (medians of 31 steps), while eleven of the twelve "
+        "probe samples taken around them read 29-33 GB/s (one read 55). Where that happens, a row's decode share "
+        "is the median over such phases.\n\n"
         "![minisgl / HF speedups](bench-chart.svg)\n\nHatched bars: slower than HF.\n\n"
     )
     out.append("The performance targets (issue #5), each against its worst row:\n\n")
