@@ -29,6 +29,7 @@ import functools
 import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 
@@ -110,6 +111,21 @@ def read_bandwidth(device: torch.device = CPU, reps: int = 3) -> float:
     seconds = min(statistics.median(run_times(lambda r=read: [r() for _ in range(passes)], reps, device))
                   for read in readers)  # fmt: skip
     return passes * matrix.numel() * 4 / seconds
+
+
+def source_commit() -> str | None:
+    """The minisgl commit being measured, ``+changes`` when tracked files differ from it; None outside a git checkout
+    (a device machine gets a copy of the tree without its history)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+    def git(*args: str) -> str:
+        return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout.strip()
+
+    try:
+        commit, changes = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
+    except (OSError, subprocess.CalledProcessError):
+        return None
+    return commit + ("+changes" if changes else "")
 
 
 def machine_info(device: torch.device = CPU) -> dict:
@@ -211,6 +227,7 @@ def cli(argv: list[str] | None = None) -> int:
 
 def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     keep_freed_cpu_memory()  # for the probes here only: settings made in this process do not reach spawned engines
+    commit = source_commit()  # before the run: the tree an hour-long run measured is the one it started from
     peaks, bandwidths = machine_peaks(device), [read_bandwidth(device)]
     paths = model_paths(args.models, scratch)
     max_tokens = max(b * (i + o) for b, i, o in args.workloads) + 64  # the KV pool every workload fits in
@@ -232,8 +249,8 @@ def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     for row in rows:
         add_roofline_shares(row, peaks)
     print_table(rows, peaks)
-    results = {"machine": machine_info(device), "device": device.type, "process_per_engine": True, "peaks": peaks,
-               "rows": rows}  # fmt: skip
+    results = {"commit": commit, "machine": machine_info(device), "device": device.type, "process_per_engine": True,
+               "peaks": peaks, "rows": rows}  # fmt: skip
     write_whole(args.output, lambda f: json.dump(results, f, indent=1))
     print(f"written {args.output}")
 

@@ -146,6 +146,16 @@ def _bandwidth(peaks: dict) -> str:
             f"(samples {min(samples) / 1e9:.1f}-{max(samples) / 1e9:.1f} GB/s)")  # fmt: skip
 
 
+def _commit(data: dict) -> str:
+    """The minisgl commit the results measured (results written before perf.py recorded it, or from a copy of the
+    tree without its git history, have none)."""
+    commit = data.get("commit")
+    if not commit:
+        return ""
+    changes = " with uncommitted changes" if commit.endswith("+changes") else ""
+    return f"Measured at minisgl commit `{commit.removesuffix('+changes')}`{changes}. "
+
+
 def _machine(machine: dict | None) -> str:
     """The CPU the results were measured on (results written before perf.py recorded it have none)."""
     if not machine:
@@ -178,7 +188,7 @@ def _cuda_section() -> list[str]:
         return out + [f"`bench/results-cuda.json` holds a run on {data.get('device', 'cpu')}, not on CUDA. {run_it}"]
     rows, peaks, machine = data["rows"], data["peaks"], data["machine"]
     out.append(
-        f"The same benchmark with `--device cuda`: measured on {machine['gpu']} (CUDA {machine['cuda']}, torch "
+        f"{_commit(data)}The same benchmark with `--device cuda`: measured on {machine['gpu']} (CUDA {machine['cuda']}, torch "
         f"{machine['torch']}). `smollm2-shape` is SmolLM2-135M's architecture with random weights (a GPU machine "
         "without network cannot fetch the GGUF; the timings are the same). Peaks (cuBLAS, 8192-square products): "
         f"float32 {peaks['matmul_float32_flops'] / 1e12:.1f} TFLOP/s, bfloat16 "
@@ -214,7 +224,7 @@ def bench_pages() -> dict[str, str]:
         "repetitions, min and max in brackets. A speedup above 1 means minisgl is faster. Prefill is shown as a "
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time.\n\n"
-        f"{_machine(data.get('machine'))}"
+        f"{_commit(data)}{_machine(data.get('machine'))}"
         "Machine peaks: the matmul peaks are the fastest repetition of MKL's matmul or oneDNN's prepacked "
         "linear, the better of a measurement before and after the run: float32 "
         f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 "

@@ -111,6 +111,19 @@ def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
     assert row["minisgl_prefill_peak_share"] == pytest.approx(0.2)
 
 
+def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path, monkeypatch):
+    """The commit is git's own short name for HEAD, marked when tracked files differ; outside a checkout, None."""
+    import subprocess
+
+    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
+                          cwd=REPO_ROOT).stdout.strip()  # fmt: skip
+    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
+                            check=True, cwd=REPO_ROOT).stdout.strip()  # fmt: skip
+    assert perf.source_commit() == head + ("+changes" if status else "")
+    monkeypatch.setattr(perf.os.path, "abspath", lambda path: str(tmp_path / "bench" / "perf.py"))
+    assert perf.source_commit() is None
+
+
 def test_prefill_levers_switch_off_what_they_name(monkeypatch):
     """bench/prefill_levers.py's "off" values really take each lever out: causal prefill past one tile goes to
     SDPA (bfloat16 and float32), and a long prefill's MLP runs as one block."""
@@ -177,6 +190,8 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     import json
     import tempfile
 
+    import torch._dynamo  # noqa: F401  (imported by transformers' models; it makes Inductor's cache dir in the temp dir)
+
     scratch = tmp_path / "tmp"
     scratch.mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(scratch))
@@ -194,6 +209,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert len(row["read_bandwidth_samples"]) == 4 and len(row["decode_linears_s"]["samples"]) == 2
     assert data["peaks"]["read_bandwidth_samples"][1:-1] == row["read_bandwidth_samples"]
     assert data["process_per_engine"] is True
+    assert data["commit"].removesuffix("+changes") == perf.source_commit().removesuffix("+changes")
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
     assert list(scratch.iterdir()) == []
 

@@ -218,11 +218,17 @@ def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch)
     page = site_bench.bench_pages()["reference/bench.md"]
     assert "holds a run on cpu, not on CUDA" in page and "measured on" not in page.split("## On CUDA")[1]
     data["device"] = "cuda"
+    data.pop("commit", None)
     data["machine"].update(gpu="NVIDIA H200", cuda="13.0", torch="2.11.0+cu130")
     data["rows"][0]["minisgl_prefill_s"].update(median=0.0123, min=0.0111, max=0.0135)
     (tmp_path / "results-cuda.json").write_text(json.dumps(data))
     cpu, cuda = site_bench.bench_pages()["reference/bench.md"].split("## On CUDA")
     assert "measured on NVIDIA H200 (CUDA 13.0, torch 2.11.0+cu130)" in cuda
+    assert "commit" not in cuda.split("measured on")[0]  # a device machine's copy has no git history
+    data["commit"] = "abc1234+changes"
+    (tmp_path / "results-cuda.json").write_text(json.dumps(data))
+    cuda = site_bench.bench_pages()["reference/bench.md"].split("## On CUDA")[1]
+    assert "Measured at minisgl commit `abc1234` with uncommitted changes." in cuda
     assert "| 12.3 [11.1-13.5] |" in cuda and "| 12.3 [11.1-13.5] |" not in cpu
     model = data["rows"][0]["model"]  # each of its rows once in each engine's table
     expected = len(site_bench._engines(data["rows"])) * sum(r["model"] == model for r in data["rows"])
