@@ -153,7 +153,7 @@ def _commit(data: dict) -> str:
     if not commit:
         return ""
     changes = " with uncommitted changes" if commit.endswith("+changes") else ""
-    return f"Measured at minisgl commit `{commit.removesuffix('+changes')}`{changes}. "
+    return f"The minisgl commit measured: `{commit.removesuffix('+changes')}`{changes}. "
 
 
 def _machine(machine: dict | None) -> str:

@@ -228,7 +228,7 @@ def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch)
     data["commit"] = "abc1234+changes"
     (tmp_path / "results-cuda.json").write_text(json.dumps(data))
     cuda = site_bench.bench_pages()["reference/bench.md"].split("## On CUDA")[1]
-    assert "Measured at minisgl commit `abc1234` with uncommitted changes." in cuda
+    assert "The minisgl commit measured: `abc1234` with uncommitted changes." in cuda
     assert "| 12.3 [11.1-13.5] |" in cuda and "| 12.3 [11.1-13.5] |" not in cpu
     model = data["rows"][0]["model"]  # each of its rows once in each engine's table
     expected = len(site_bench._engines(data["rows"])) * sum(r["model"] == model for r in data["rows"])
