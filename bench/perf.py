@@ -113,15 +113,16 @@ def read_bandwidth(device: torch.device = CPU, reps: int = 3) -> float:
     return passes * matrix.numel() * 4 / seconds
 
 
-def source_commit() -> str | None:
-    """The minisgl commit being measured, ``+changes`` when tracked files differ from it; None outside a git checkout
-    (a device machine gets a copy of the tree without its history)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def source_commit(root: str = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))) -> str | None:
+    """The commit of the minisgl tree at ``root`` (this script's), ``+changes`` when tracked files differ from it;
+    None where the tree is not a git checkout of its own (a device machine gets a copy without its history)."""
 
     def git(*args: str) -> str:
         return subprocess.run(["git", "-C", root, *args], capture_output=True, text=True, check=True).stdout.strip()
 
     try:
+        if os.path.realpath(git("rev-parse", "--show-toplevel")) != os.path.realpath(root):
+            return None  # the copy sits inside some other repository, whose commit is not minisgl's
         commit, changes = git("rev-parse", "--short", "HEAD"), git("status", "--porcelain", "--untracked-files=no")
     except (OSError, subprocess.CalledProcessError):
         return None

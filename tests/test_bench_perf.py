@@ -111,7 +111,7 @@ def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
     assert row["minisgl_prefill_peak_share"] == pytest.approx(0.2)
 
 
-def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path, monkeypatch):
+def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path):
     """The commit is git's own short name for HEAD, marked when tracked files differ; outside a checkout, None."""
     import subprocess
 
@@ -120,8 +120,14 @@ def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path, monkey
     status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
                             check=True, cwd=REPO_ROOT).stdout.strip()  # fmt: skip
     assert perf.source_commit() == head + ("+changes" if status else "")
-    monkeypatch.setattr(perf.os.path, "abspath", lambda path: str(tmp_path / "bench" / "perf.py"))
-    assert perf.source_commit() is None
+    assert perf.source_commit(str(tmp_path)) is None
+    # a copy of the tree inside another repository, one with a commit: that commit is not minisgl's
+    outer = tmp_path / "outer"
+    subprocess.run(["git", "init", "-q", str(outer)], check=True)
+    subprocess.run(["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
+                    "--allow-empty", "-m", "other"], check=True)  # fmt: skip
+    (outer / "copy").mkdir()
+    assert perf.source_commit(str(outer / "copy")) is None
 
 
 def test_prefill_levers_switch_off_what_they_name(monkeypatch):
