@@ -112,22 +112,30 @@ def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
 
 
 def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path):
-    """The commit is git's own short name for HEAD, marked when tracked files differ; outside a checkout, None."""
+    """A checkout's commit is git's short name for its HEAD, marked once a tracked file differs (an untracked one
+    does not count); a tree outside git, or a copy inside some other repository, has none."""
     import subprocess
 
-    head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=True,
-                          cwd=REPO_ROOT).stdout.strip()  # fmt: skip
-    status = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], capture_output=True, text=True,
-                            check=True, cwd=REPO_ROOT).stdout.strip()  # fmt: skip
-    assert perf.source_commit() == head + ("+changes" if status else "")
-    assert perf.source_commit(str(tmp_path)) is None
-    # a copy of the tree inside another repository, one with a commit: that commit is not minisgl's
-    outer = tmp_path / "outer"
-    subprocess.run(["git", "init", "-q", str(outer)], check=True)
-    subprocess.run(["git", "-C", str(outer), "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-q",
-                    "--allow-empty", "-m", "other"], check=True)  # fmt: skip
-    (outer / "copy").mkdir()
-    assert perf.source_commit(str(outer / "copy")) is None
+    def git(cwd, *args: str) -> str:
+        return subprocess.run(["git", "-C", str(cwd), "-c", "user.name=t", "-c", "user.email=t@t", *args],
+                              capture_output=True, text=True, check=True).stdout.strip()  # fmt: skip
+
+    tree = tmp_path / "tree"
+    git(tmp_path, "init", "-q", str(tree))
+    (tree / "tracked.py").write_text("x = 1\n")
+    git(tree, "add", "tracked.py")
+    git(tree, "commit", "-q", "-m", "first")
+    head = git(tree, "rev-parse", "HEAD")
+    (tree / "untracked.py").write_text("")
+    assert perf.source_commit(str(tree)) is not None and head.startswith(perf.source_commit(str(tree)))
+    (tree / "tracked.py").write_text("x = 2\n")
+    changed = perf.source_commit(str(tree))
+    assert changed.endswith("+changes") and head.startswith(changed.removesuffix("+changes"))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    assert perf.source_commit(str(outside)) is None
+    (tree / "copy").mkdir()  # inside a repository with a commit: that commit is not the copy's
+    assert perf.source_commit(str(tree / "copy")) is None
 
 
 def test_prefill_levers_switch_off_what_they_name(monkeypatch):
@@ -215,7 +223,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert len(row["read_bandwidth_samples"]) == 4 and len(row["decode_linears_s"]["samples"]) == 2
     assert data["peaks"]["read_bandwidth_samples"][1:-1] == row["read_bandwidth_samples"]
     assert data["process_per_engine"] is True
-    assert data["commit"].removesuffix("+changes") == perf.source_commit().removesuffix("+changes")
+    assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
     assert list(scratch.iterdir()) == []
 
