@@ -235,8 +235,9 @@ def bench_pages() -> dict[str, str]:
         f"{_bandwidth(peaks)}. Decode steps can have phases of their own that the probe does not see: on a 2-core "
         "AMD EPYC VM (December 2026), six consecutive runs of the compiled dummy134 float32 batch-1 step in one "
         "process took 13.2, 17.6, 11.3, 15.8, 17.2 and 18.3 ms (medians of 31 steps), while eleven of the twelve "
-        "probe samples taken around them read 29-33 GB/s (one read 55). Where that happens, a row's decode share "
-        "is the median over such phases.\n\n"
+        "probe samples taken around them read 29-33 GB/s (one read 55); `python bench/decode_phases.py` makes "
+        "that measurement on any machine. Where that happens, a row's decode share is the median over such "
+        "phases.\n\n"
         "![minisgl / HF speedups](bench-chart.svg)\n\nHatched bars: slower than HF.\n\n"
     )
     out.append("The performance targets (issue #5), each against its worst row:\n\n")

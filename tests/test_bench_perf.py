@@ -299,3 +299,28 @@ def test_decode_kernels_script_prints_a_row_per_dtype_and_rows(decode_kernels, c
     rows = [line for line in out.splitlines() if "smollm2" in line]
     assert len(rows) == 2 and all(line.count("*") == 1 for line in rows)
     assert "the probes here" in out
+
+
+def test_decode_phases_script_puts_each_run_between_two_probes(monkeypatch, tiny_llama, capsys):
+    """``python bench/decode_phases.py``: one warm-up run, then each timed run with a probe sample right before and
+    right after it, in that order; the table has one line per run."""
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    phases = importlib.import_module("decode_phases")
+    calls = []
+
+    class Recorder:
+        def run(self, *workload):
+            calls.append(("run", workload))
+            return 0.1, 0.002 * len(calls)
+
+    monkeypatch.setattr(phases, "read_bandwidth", lambda: calls.append(("probe",)) or 3e10)
+    results = phases.measure(Recorder(), (1, 8, 3), 2)
+    assert calls == [("run", (1, 8, 3)), ("probe",), ("run", (1, 8, 3)), ("probe",), ("probe",),
+                     ("run", (1, 8, 3)), ("probe",)]  # fmt: skip
+    assert results == [(3e10, 0.006, 3e10), (3e10, 0.012, 3e10)]
+    monkeypatch.setattr(phases, "model_paths", lambda names, scratch: {names[0]: str(tiny_llama)})
+    phases.main(["--engine", "minisgl", "--workload", "1,8,3", "--runs", "2"])
+    out = capsys.readouterr().out
+    assert (
+        "minisgl dummy134 float32 1,8,3" in out and sum(line.strip().startswith("│ ") for line in out.splitlines()) == 2
+    )
