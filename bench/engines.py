@@ -26,6 +26,7 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, Log
 
 from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
 from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear, apply_linear  # noqa: E402
+from minisgl.layers.radix_attention import RadixAttention  # noqa: E402
 from minisgl.model_loader.default_model import default_model_path  # noqa: E402
 from minisgl.server_args import ServerArgs  # noqa: E402
 from minisgl.utils.common import InputError, synchronize  # noqa: E402
@@ -174,6 +175,43 @@ def decode_linears_time(model_runner, batch: int) -> float:
     return best_time(step, 3, device)
 
 
+def prefill_linears_time(model_runner, batch: int, input_len: int) -> float:
+    """A prefill's weight products alone: every linear layer of the eager engine's model on the batch's
+    ``batch * input_len`` tokens, and the LM head on each request's last token (all a prefill computes logits for),
+    with its own prepacked weights through ``apply_linear``; one pass after a warm-up, which also sets up oneDNN's
+    kernels for the row count."""
+    *layers, (head, _) = decode_linear_weights(model_runner.model)
+    device, tokens = head.device, batch * input_len
+    inputs = {}  # one input per input width: a 32x256 prefill's inputs would take GBs, one per layer
+    for weight, _ in layers:
+        inputs.setdefault(weight.shape[1], torch.randn(tokens, weight.shape[1], dtype=weight.dtype, device=device))
+    last_tokens = torch.randn(batch, head.shape[1], dtype=head.dtype, device=device)
+
+    def prefill():
+        for weight, bias in layers:
+            apply_linear(inputs[weight.shape[1]], weight, bias)
+        apply_linear(last_tokens, head)
+
+    return best_time(prefill, 1, device)
+
+
+def prefill_attention_time(model_runner, batch: int, input_len: int) -> float:
+    """A prefill's attention alone: the backend's causal attention over ``batch`` requests of ``input_len`` tokens
+    with nothing cached (the call an extend of equal lengths makes, so the same kernel: ``causal_prefill_attention``
+    or SDPA), once per layer on the model's head shapes; one pass after a warm-up."""
+    layers = [m for m in model_runner.model.modules() if isinstance(m, RadixAttention)]
+    device, dtype = model_runner.device, model_runner.model_config.dtype
+    q = torch.randn(batch, input_len, layers[0].tp_q_head_num, layers[0].head_dim, dtype=dtype, device=device)
+    k, v = (torch.randn(batch, input_len, layers[0].tp_k_head_num, layers[0].head_dim, dtype=dtype, device=device)
+            for _ in range(2))  # fmt: skip
+
+    def attend():
+        for layer in layers:
+            model_runner.attn_backend._attend(q, k, v, None, layer.scaling)
+
+    return best_time(attend, 1, device)
+
+
 class Engine:
     """One engine's loaded model and its timed runs, inside the engine's process."""
 
@@ -201,6 +239,11 @@ class Engine:
 
     def linears(self, batch: int) -> float:
         return decode_linears_time(self.model.torch_runner, batch)
+
+    def prefill_parts(self, batch: int, input_len: int) -> tuple[float, float]:
+        """(linears alone, attention alone) seconds of a prefill of this workload."""
+        runner = self.model.torch_runner
+        return prefill_linears_time(runner, batch, input_len), prefill_attention_time(runner, batch, input_len)
 
     def unload(self) -> None:
         """Every weight goes before the next load; compiled graphs hold frozen copies of them, so they go too."""

@@ -151,12 +151,19 @@ def machine_info(device: torch.device = CPU) -> dict:
     return info
 
 
+def prefill_attention_flops(model, batch: int, input_len: int) -> float:
+    """Causal attention's FLOPs: QK^T and PV over the keys each query sees, half of the full square."""
+    cfg = model.config
+    per_layer = 2 * input_len**2 * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
+    return batch * cfg.num_hidden_layers * per_layer
+
+
 def exact_prefill_flops(model, batch: int, input_len: int) -> float:
+    """Every layer weight once per token (the norms' few included), causal attention, the last-token LM head."""
     cfg = model.config
     layer_params = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n)
-    attention = 2 * input_len**2 * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
-    per_seq = 2 * layer_params * input_len + cfg.num_hidden_layers * attention + 2 * cfg.hidden_size * cfg.vocab_size
-    return batch * per_seq
+    weights = batch * (2 * layer_params * input_len + 2 * cfg.hidden_size * cfg.vocab_size)
+    return weights + prefill_attention_flops(model, batch, input_len)
 
 
 def decode_bytes(model) -> int:
@@ -263,20 +270,24 @@ def run_rows(args, device: torch.device, engines: dict, model_name: str, dtype_n
     for b, i, o in args.workloads:
         for engine in engines.values():
             engine.call("run", b, i, min(o, 4))  # warm-up (and compile), as the bench does
-        samples, linears, row_bandwidths = {name: [] for name in engines}, [], []
+        samples, linears, prefill_parts, row_bandwidths = {name: [] for name in engines}, [], [], []
         for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
             for name, engine in engines.items():
                 row_bandwidths.append(read_bandwidth(device))  # the bandwidth this run is about to have
                 samples[name].append(engine.call("run", b, i, o))
             if "minisgl" in engines:
                 linears.append(engines["minisgl"].call("linears", b))
+                prefill_parts.append(engines["minisgl"].call("prefill_parts", b, i))
         row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
         for name, values in samples.items():
             row[f"{name}_prefill_s"] = summarize([v[0] for v in values])
             row[f"{name}_decode_s"] = summarize([v[1] for v in values])
         if linears:
             row["decode_linears_s"] = summarize(linears)
+            row["prefill_linears_s"] = summarize([part[0] for part in prefill_parts])
+            row["prefill_attention_s"] = summarize([part[1] for part in prefill_parts])
         row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(counted, b, i), decode_bytes(counted)
+        row["prefill_attention_flops"] = prefill_attention_flops(counted, b, i)
         row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
         row["read_bandwidth_samples"] = row_bandwidths
         add_speedups(row)
@@ -308,6 +319,13 @@ def add_roofline_shares(row: dict, peaks: dict) -> None:
         # each weight element is read once and used in one multiply-add per row of the batch
         weights = row["decode_bytes"] / DTYPES[row["dtype"]].itemsize
         row["decode_linears_flop_rate"] = 2 * row["batch"] * weights / seconds
+    if "prefill_linears_s" in row:
+        linears, attention = (row[f"prefill_{part}_s"]["median"] for part in ("linears", "attention"))
+        row["prefill_linears_flop_rate"] = (row["prefill_flops"] - row["prefill_attention_flops"]) / linears
+        row["prefill_attention_flop_rate"] = row["prefill_attention_flops"] / attention
+        # the share a prefill would have if everything but its linears and attention took no time
+        peak = peaks[f"matmul_{row['dtype']}_flops"]
+        row["prefill_ceiling_share"] = row["prefill_flops"] / (linears + attention) / peak
 
 
 def print_table(rows, peaks) -> None:
@@ -323,7 +341,7 @@ def print_table(rows, peaks) -> None:
         columns += [f"{phase} ms {ENGINES[e]}" + (" [min-max]" if e != "hf" else "") for e in engines]
         columns += [f"{share} {ENGINES[e]}" for e in engines]
     linears = bool(rows) and "decode_linears_s" in rows[0]
-    columns += ["decode linears ms (GB/s)"] * linears
+    columns += ["decode linears ms (GB/s)", "prefill linears / attention ms (ceiling)"] * linears
     columns += [key.replace("_speedup", " x").replace("_", " ") for key in speedups]
     for col in columns:
         table.add_column(col, justify="right")
@@ -337,6 +355,8 @@ def print_table(rows, peaks) -> None:
             cells += [f"{r[f'{e}_{share}']:.0%}" for e in engines]
         if linears:
             cells.append(f"{r['decode_linears_s']['median'] * 1e3:.1f} ({r['decode_linears_read_rate'] / 1e9:.1f})")
+            parts = (r[f"prefill_{part}_s"]["median"] * 1e3 for part in ("linears", "attention"))
+            cells.append("{:.1f} / {:.1f}".format(*parts) + f" ({r['prefill_ceiling_share']:.0%})")
         cells += [f"{r[key]:.2f}" for key in speedups]
         table.add_row(*cells)
     Console(width=300).print(table)

@@ -108,6 +108,29 @@ def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
     return out
 
 
+def _prefill_breakdown(rows: list[dict], peaks: dict) -> list[str]:
+    """Each row's prefill split into its linears alone, its attention alone (``prefill_*_s``) and the rest."""
+    engines = _engines(rows)
+    head = ("| model | dtype | batch, input, output | linears alone ms | their FLOP rate | attention alone ms "
+            "| its FLOP rate | ceiling " + "".join(f"| {ENGINES[e][0]} prefill ms (rest) " for e in engines)
+            + "|\n|" + "---|" * (8 + len(engines)) + "\n")  # fmt: skip
+    out = [head]
+    for r in rows:
+        linears, attention = (r[f"prefill_{part}_s"]["median"] for part in ("linears", "attention"))
+        peak = peaks[f"matmul_{r['dtype']}_flops"]
+        rates = [r[f"prefill_{part}_flop_rate"] for part in ("linears", "attention")]
+        cells = [
+            r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}", f"{linears * 1e3:.1f}",
+            f"{rates[0] / 1e9:.0f} GFLOP/s ({rates[0] / peak:.0%})", f"{attention * 1e3:.1f}",
+            f"{rates[1] / 1e9:.0f} GFLOP/s ({rates[1] / peak:.0%})", f"{r['prefill_ceiling_share']:.0%}",
+        ]  # fmt: skip
+        for e in engines:
+            prefill = r[f"{e}_prefill_s"]["median"]
+            cells.append(f"{prefill * 1e3:.1f} ({(prefill - linears - attention) * 1e3:.1f})")
+        out.append("| " + " | ".join(cells) + " |\n")
+    return out
+
+
 def chart_svg(rows: list[dict]) -> str:
     import matplotlib
 
@@ -264,6 +287,22 @@ def bench_pages() -> dict[str, str]:
             "if both gaps close: the kernels' read rate and the rest.\n\n"
         )
         out += _decode_breakdown(rows, peaks)
+    if "prefill_linears_s" in rows[0]:
+        out.append(
+            "\n## Where a prefill goes\n\n"
+            "*Linears alone* runs every linear layer of the loaded model on the row's tokens, and the LM head on each "
+            "request's last token, with minisgl's own prepacked weights and kernels; *attention alone* runs the "
+            "attention backend's causal attention over the same requests, nothing cached, once per layer (the call "
+            "an extend of equal lengths makes, so the same kernel: `causal_prefill_attention` or SDPA). Both are "
+            "timed between the repetitions, one pass after a warm-up. Their FLOP rates against the matmul peak "
+            "show how close those kernels come to the machine's; the *ceiling* is the share of the peak a prefill "
+            "would reach if nothing else took time, so a target above it cannot be met with these kernels. "
+            "*Rest* is the prefill minus both: embedding, norms, RoPE, the activation, residual adds, K/V writes, "
+            "sampling and framework time. For the compiled engine it is approximate: its graph runs Inductor's "
+            "packing of the same oneDNN kernels and fuses the rest. In long extends both engines run the MLP in "
+            "row blocks, which the linears alone do not, so there the rest can come out below zero.\n\n"
+        )
+        out += _prefill_breakdown(rows, peaks)
     out.append(f"\nReproduce:\n\n```bash\n{COMMAND}\n```\n")
     out += _cuda_section()
     return {"reference/bench.md": "".join(out), "reference/bench-chart.svg": chart_svg(rows)}

@@ -63,6 +63,50 @@ def test_decode_linears_read_the_floor_bytes(perf, engines, model, dtype, reques
     engines.decode_linears_time(runner.torch_runner, 2)  # smoke: the inputs fit the weights of every layout
 
 
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # untied and tied LM head
+def test_prefill_parts_compute_what_the_prefill_flops_count(perf, engines, model, request, monkeypatch):
+    """The prefill's linears alone do every multiply-add the FLOP count gives the weights (HF's model counted; all
+    but the norms' and biases' few), and its attention alone makes the call the model's extend makes, per layer."""
+    from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    path = request.getfixturevalue(model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        runner, _ = load_model(ServerArgs(model_path=path, dtype="float32", max_total_tokens=256), 0)
+    hf = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    batch, input_len = 2, 24
+    done = []
+    linear = engines.apply_linear
+
+    def counting(x, weight, bias=None):
+        done.append(2 * x.shape[0] * weight.numel())
+        return linear(x, weight, bias)
+
+    monkeypatch.setattr(engines, "apply_linear", counting)
+    engines.prefill_linears_time(runner.torch_runner, batch, input_len)
+    small = sum(p.numel() for n, p in hf.named_parameters() if ".layers." in n and ("norm" in n or n.endswith("bias")))
+    counted = perf.exact_prefill_flops(hf, batch, input_len) - perf.prefill_attention_flops(hf, batch, input_len)
+    assert sum(done) / 2 == counted - 2 * small * batch * input_len  # two passes: the warm-up and the timed one
+
+    calls = []
+    attend = TorchNativeAttnBackend._attend
+
+    def spy(q, k, v, mask, scale):
+        calls.append((tuple(q.shape), tuple(k.shape), tuple(v.shape), mask, scale, q.dtype))
+        return attend(q, k, v, mask, scale)
+
+    monkeypatch.setattr(TorchNativeAttnBackend, "_attend", staticmethod(spy))
+    engines.run_minisgl(runner, batch, input_len, 2, hf.config.vocab_size)
+    extend_calls, calls[:] = list(calls), []
+    engines.prefill_attention_time(runner.torch_runner, batch, input_len)
+    layers = hf.config.num_hidden_layers
+    assert len(extend_calls) == layers and calls == extend_calls * 2
+    heads, head_dim = hf.config.num_attention_heads, hf.config.hidden_size // hf.config.num_attention_heads
+    q_shape, k_shape = extend_calls[0][:2]
+    flops = layers * 2 * q_shape[1] ** 2 * q_shape[0] * q_shape[2] * q_shape[3]
+    assert (q_shape[:3], k_shape[2]) == ((batch, input_len, heads), hf.config.num_key_value_heads)
+    assert flops == perf.prefill_attention_flops(hf, batch, input_len) and q_shape[3] == head_dim
+
+
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2", "smollm2"])
 def test_counts_from_the_config_equal_the_loaded_models(perf, engines, model, request):
     """The parent counts FLOPs and weight bytes on a meta-device model built from the config alone: they equal the
@@ -109,6 +153,18 @@ def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
     perf.add_roofline_shares(row, {"read_bandwidth_bytes": 80e9, "matmul_float32_flops": 100e9})
     assert row["minisgl_decode_floor_share"] == pytest.approx(0.5)
     assert row["minisgl_prefill_peak_share"] == pytest.approx(0.2)
+
+
+def test_prefill_ceiling_is_the_share_with_only_linears_and_attention(perf):
+    """0.3 GFLOP of weights in 4 ms and 0.1 of attention in 4 ms: 75 and 25 GFLOP/s; 0.4 GFLOP in their 8 ms is
+    half of a 100 GFLOP/s peak, the share the prefill would have if nothing else took time."""
+    row = {"dtype": "float32", "batch": 1, "decode_bytes": 1, "prefill_flops": 0.4e9, "read_bandwidth_bytes": 1,
+           "prefill_attention_flops": 0.1e9, "prefill_linears_s": {"median": 0.004},
+           "prefill_attention_s": {"median": 0.004}}  # fmt: skip
+    perf.add_roofline_shares(row, {"matmul_float32_flops": 100e9})
+    assert row["prefill_linears_flop_rate"] == pytest.approx(75e9)
+    assert row["prefill_attention_flop_rate"] == pytest.approx(25e9)
+    assert row["prefill_ceiling_share"] == pytest.approx(0.5)
 
 
 def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path):
@@ -221,6 +277,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert all(len(row[f"{e}_{phase}_s"]["samples"]) == 2 for e in ("minisgl", "hf") for phase in ("prefill", "decode"))
     # a bandwidth sample before each engine's run of the row, and the run-wide list: one before, the row's, one after
     assert len(row["read_bandwidth_samples"]) == 4 and len(row["decode_linears_s"]["samples"]) == 2
+    assert all(len(row[f"prefill_{part}_s"]["samples"]) == 2 for part in ("linears", "attention"))
     assert data["peaks"]["read_bandwidth_samples"][1:-1] == row["read_bandwidth_samples"]
     assert data["process_per_engine"] is True
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout

@@ -203,6 +203,22 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
     )
 
 
+def test_bench_prefill_breakdown_splits_each_prefill_at_linears_and_attention():
+    from reader.site_bench import _prefill_breakdown
+
+    row = {"model": "m", "dtype": "bfloat16", "batch": 1, "input": 512, "output": 16,
+           "prefill_linears_s": {"median": 0.300}, "prefill_attention_s": {"median": 0.100},
+           "prefill_linears_flop_rate": 30e9 / 0.300, "prefill_attention_flop_rate": 10e9 / 0.100,
+           "prefill_ceiling_share": 40e9 / 0.400 / 200e9,
+           "minisgl_prefill_s": {"median": 0.500}, "compiled_prefill_s": {"median": 0.380}}  # fmt: skip
+    lines = _prefill_breakdown([row], {"matmul_bfloat16_flops": 200e9, "matmul_float32_flops": 100e9})
+    assert "| ceiling | minisgl prefill ms (rest) | minisgl --enable-torch-compile prefill ms (rest) |" in lines[0]
+    # the row's dtype's peak: linears 100 GFLOP/s of 200, attention 100 of 200; 40 GFLOP in 400 ms is half the
+    # peak; rest = prefill - 400 ms, below zero where the engine beats the parts' sum
+    assert lines[1] == ("| m | bfloat16 | 1, 512, 16 | 300.0 | 100 GFLOP/s (50%) | 100.0 | 100 GFLOP/s (50%) | 50% "
+                        "| 500.0 (100.0) | 380.0 (-20.0) |\n")  # fmt: skip
+
+
 def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch):
     """bench/results-cuda.json, when there, gets its own section with the GPU it ran on and its rows' figures;
     without it the section says how to make it."""
