@@ -164,15 +164,22 @@ def decode_linears_time(model_runner, batch: int) -> float:
         for (weight, bias), x in zip(layers, inputs):
             apply_linear(x, weight, bias)
 
+    return best_pass(step, 3, device)
+
+
+def best_pass(step, reps: int, device: torch.device) -> float:
+    """The fastest of ``reps`` timed passes of ``step``, after a warm-up.
+
+    On CUDA the pass is replayed as one CUDA graph: launched one by one, a pass's hundreds of small kernels take the
+    CPU longer to queue than the GPU to run them, and the timing would be the CPU's.
+    """
     if device.type == "cuda":
-        # Launched one by one, a step's ~200 small GEMMs take the CPU longer to queue than the GPU to run; replayed
-        # as one CUDA graph, the timing is the GPU's reads.
         step()  # cuBLAS sets up its handles and workspaces before the capture
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph):
             step()
         step = graph.replay
-    return best_time(step, 3, device)
+    return best_time(step, reps, device)
 
 
 def prefill_linears_time(model_runner, batch: int, input_len: int) -> float:
@@ -192,7 +199,7 @@ def prefill_linears_time(model_runner, batch: int, input_len: int) -> float:
             apply_linear(inputs[weight.shape[1]], weight, bias)
         apply_linear(last_tokens, head)
 
-    return best_time(prefill, 1, device)
+    return best_pass(prefill, 1, device)
 
 
 def prefill_attention_time(model_runner, batch: int, input_len: int) -> float:
@@ -209,7 +216,7 @@ def prefill_attention_time(model_runner, batch: int, input_len: int) -> float:
         for layer in layers:
             model_runner.attn_backend._attend(q, k, v, None, layer.scaling)
 
-    return best_time(attend, 1, device)
+    return best_pass(attend, 1, device)
 
 
 class Engine:
