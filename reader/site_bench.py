@@ -82,53 +82,59 @@ def _targets(rows: list[dict]) -> list[str]:
     return out
 
 
+def _breakdown(rows: list[dict], head: list[str], row_cells, phase: str, spent) -> list[str]:
+    """A breakdown table: ``head`` and ``row_cells(r)`` for each row, then each engine's median time of ``phase``
+    with, in brackets, the rest after the ``spent(r)`` seconds the row's parts took."""
+    engines = _engines(rows)
+    label = "step" if phase == "decode" else phase
+    head = head + [f"{ENGINES[e][0]} {label} ms (rest)" for e in engines]
+    out = ["| " + " | ".join(head) + " |\n|" + "---|" * len(head) + "\n"]
+    for r in rows:
+        cells = row_cells(r)
+        for e in engines:
+            seconds = r[f"{e}_{phase}_s"]["median"]
+            cells.append(f"{seconds * 1e3:.1f} ({(seconds - spent(r)) * 1e3:.1f})")
+        out.append("| " + " | ".join(cells) + " |\n")
+    return out
+
+
+def _workload(r: dict) -> list[str]:
+    return [r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}"]
+
+
 def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
     """Each row's decode step split into the weight reads alone (``decode_linears_s``) and everything else."""
-    engines = [e for e in _engines(rows) if e != "hf"]
-    head = ("| model | dtype | batch, input, output | row's bandwidth GB/s | floor ms | linears alone ms "
-            + "| their read rate | their FLOP rate "
-            + "".join(f"| {ENGINES[e][0]} step ms (rest) " for e in engines)
-            + "|\n|" + "---|" * (8 + len(engines)) + "\n")  # fmt: skip
-    out = [head]
-    for r in rows:
-        linears = r["decode_linears_s"]["median"]
+
+    def cells(r: dict) -> list[str]:
         rate, flops = r["decode_linears_read_rate"], r["decode_linears_flop_rate"]
         peak = peaks[f"matmul_{r['dtype']}_flops"]
-        cells = [
-            r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}",
-            f"{r['read_bandwidth_bytes'] / 1e9:.0f}",
-            f"{r['decode_bytes'] / r['read_bandwidth_bytes'] * 1e3:.1f}", f"{linears * 1e3:.1f}",
+        return _workload(r) + [
+            f"{r['read_bandwidth_bytes'] / 1e9:.0f}", f"{r['decode_bytes'] / r['read_bandwidth_bytes'] * 1e3:.1f}",
+            f"{r['decode_linears_s']['median'] * 1e3:.1f}",
             f"{rate / 1e9:.1f} GB/s ({rate / r['read_bandwidth_bytes']:.0%})",
             f"{flops / 1e9:.0f} GFLOP/s ({flops / peak:.0%})",
         ]  # fmt: skip
-        for e in engines:
-            step = r[f"{e}_decode_s"]["median"]
-            cells.append(f"{step * 1e3:.1f} ({(step - linears) * 1e3:.1f})")
-        out.append("| " + " | ".join(cells) + " |\n")
-    return out
+
+    head = ["model", "dtype", "batch, input, output", "row's bandwidth GB/s", "floor ms", "linears alone ms",
+            "their read rate", "their FLOP rate"]  # fmt: skip
+    return _breakdown(rows, head, cells, "decode", lambda r: r["decode_linears_s"]["median"])
 
 
 def _prefill_breakdown(rows: list[dict], peaks: dict) -> list[str]:
     """Each row's prefill split into its linears alone, its attention alone (``prefill_*_s``) and the rest."""
-    engines = _engines(rows)
-    head = ("| model | dtype | batch, input, output | linears alone ms | their FLOP rate | attention alone ms "
-            "| its FLOP rate | ceiling " + "".join(f"| {ENGINES[e][0]} prefill ms (rest) " for e in engines)
-            + "|\n|" + "---|" * (8 + len(engines)) + "\n")  # fmt: skip
-    out = [head]
-    for r in rows:
-        linears, attention = (r[f"prefill_{part}_s"]["median"] for part in ("linears", "attention"))
+
+    def cells(r: dict) -> list[str]:
         peak = peaks[f"matmul_{r['dtype']}_flops"]
-        rates = [r[f"prefill_{part}_flop_rate"] for part in ("linears", "attention")]
-        cells = [
-            r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}", f"{linears * 1e3:.1f}",
-            f"{rates[0] / 1e9:.0f} GFLOP/s ({rates[0] / peak:.0%})", f"{attention * 1e3:.1f}",
-            f"{rates[1] / 1e9:.0f} GFLOP/s ({rates[1] / peak:.0%})", f"{r['prefill_ceiling_share']:.0%}",
-        ]  # fmt: skip
-        for e in engines:
-            prefill = r[f"{e}_prefill_s"]["median"]
-            cells.append(f"{prefill * 1e3:.1f} ({(prefill - linears - attention) * 1e3:.1f})")
-        out.append("| " + " | ".join(cells) + " |\n")
-    return out
+        out = _workload(r)
+        for part in ("linears", "attention"):
+            rate = r[f"prefill_{part}_flop_rate"]
+            out += [f"{r[f'prefill_{part}_s']['median'] * 1e3:.1f}", f"{rate / 1e9:.0f} GFLOP/s ({rate / peak:.0%})"]
+        return out + [f"{r['prefill_ceiling_share']:.0%}"]
+
+    head = ["model", "dtype", "batch, input, output", "linears alone ms", "their FLOP rate", "attention alone ms",
+            "its FLOP rate", "ceiling"]  # fmt: skip
+    spent = lambda r: r["prefill_linears_s"]["median"] + r["prefill_attention_s"]["median"]  # noqa: E731
+    return _breakdown(rows, head, cells, "prefill", spent)
 
 
 def chart_svg(rows: list[dict]) -> str:
