@@ -306,7 +306,9 @@ def bench_pages() -> dict[str, str]:
             "*Rest* is the prefill minus both: embedding, norms, RoPE, the activation, residual adds, K/V writes, "
             "sampling and framework time. For the compiled engine it is approximate: its graph runs Inductor's "
             "packing of the same oneDNN kernels and fuses the rest. In long extends on CPU both engines run the MLP "
-            "in row blocks, which the linears alone do not, so there the rest can come out below zero.\n\n"
+            "in row blocks, which the linears alone do not, so there the rest can come out below zero. The parts are "
+            "timed at other moments than the prefills, so where the machine's speed changes in phases the rest "
+            "also carries the difference between those moments.\n\n"
         )
         out += _prefill_breakdown(rows, peaks)
     out.append(f"\nReproduce:\n\n```bash\n{COMMAND}\n```\n")
