@@ -1,6 +1,6 @@
 """minisgl against HF transformers and against this machine's roofline, measured side by side in one run.
 
-    python bench/perf.py                       # both models, both dtypes, all workloads (~45 min on 2 cores)
+    python bench/perf.py                       # both models, both dtypes, all workloads (~65 min on 2 cores)
     python bench/perf.py --models dummy134 --dtypes float32 --workloads 1,128,32 --reps 3 --engines minisgl hf
     bash bench/cuda.sh                         # on a CUDA machine: HF equality there, then this with --device cuda
 
