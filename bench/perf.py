@@ -13,7 +13,8 @@ own for the whole run (``bench/engines.py``): minisgl's runners set their glibc 
 (``keep_freed_cpu_memory``) in theirs, and HF keeps glibc's defaults, as a user would run it. Engines alternate
 between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and the memory
 read bandwidth are measured in this parent process while the engines wait, under the heap settings minisgl's
-engines have (as when all of it ran in one process). Results: a table, and JSON
+engines have (as when all of it ran in one process): once before and after the run, and both again right before
+every engine's run of every row, whose shares use the medians of its own samples. Results: a table, and JSON
 (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a synchronize around
 each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for machines that cannot
 fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and the same times
@@ -71,20 +72,21 @@ def hands_back_gpu_memory(probe):
 
 
 @hands_back_gpu_memory
-def machine_peaks(device: torch.device = CPU, reps: int = 5) -> dict:
-    """Matmul peaks: the fastest run of the faster kernel (MKL's matmul, or the oneDNN one minisgl's linears
-    use; on CUDA both are cuBLAS); a peak is what the machine can reach, so a median or a slower kernel would let
-    shares pass 100%. A GPU needs a larger product than a CPU to reach its peak; its float32 is IEEE float32, not
-    TF32 (torch's default, and how both engines run)."""
+def matmul_peak(device: torch.device = CPU, dtype: torch.dtype = torch.float32, reps: int = 5) -> float:
+    """FLOP/s of the fastest run of the faster kernel (MKL's matmul, or the oneDNN one minisgl's linears use; on
+    CUDA both are cuBLAS); a peak is what the machine can reach, so a median or a slower kernel would let shares
+    pass 100%. A GPU needs a larger product than a CPU to reach its peak; its float32 is IEEE float32, not TF32
+    (torch's default, and how both engines run)."""
     size = 8192 if device.type == "cuda" else 2048
-    peaks = {}
-    for name, dtype in DTYPES.items():
-        a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
-        packed = prepack_weight(b)
-        plain, onednn = (lambda a=a, b=b: a @ b), (lambda a=a, w=packed: apply_linear(a, w))
-        seconds = min(best_time(plain, reps, device), best_time(onednn, reps, device))
-        peaks[f"matmul_{name}_flops"] = 2 * size**3 / seconds
-    return peaks
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
+    packed = prepack_weight(b)
+    plain, onednn = (lambda: a @ b), (lambda: apply_linear(a, packed))
+    return 2 * size**3 / min(best_time(plain, reps, device), best_time(onednn, reps, device))
+
+
+def machine_peaks(device: torch.device = CPU, reps: int = 5) -> dict:
+    """``matmul_float32_flops`` and ``matmul_bfloat16_flops``: ``matmul_peak`` of each dtype."""
+    return {f"matmul_{name}_flops": matmul_peak(device, dtype, reps) for name, dtype in DTYPES.items()}
 
 
 @hands_back_gpu_memory
@@ -254,8 +256,6 @@ def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     peaks = {key: max(value, after[key]) for key, value in peaks.items()}
     bandwidths += [b for row in rows for b in row["read_bandwidth_samples"]] + [read_bandwidth(device)]
     peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = statistics.median(bandwidths), bandwidths
-    for row in rows:
-        add_roofline_shares(row, peaks)
     print_table(rows, peaks)
     results = {"commit": commit, "machine": machine_info(device), "device": device.type, "process_per_engine": True,
                "peaks": peaks, "rows": rows}  # fmt: skip
@@ -270,10 +270,12 @@ def run_rows(args, device: torch.device, engines: dict, model_name: str, dtype_n
     for b, i, o in args.workloads:
         for engine in engines.values():
             engine.call("run", b, i, min(o, 4))  # warm-up (and compile), as the bench does
-        samples, linears, prefill_parts, row_bandwidths = {name: [] for name in engines}, [], [], []
+        samples, linears, prefill_parts, row_bandwidths, row_peaks = {name: [] for name in engines}, [], [], [], []
         for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
             for name, engine in engines.items():
-                row_bandwidths.append(read_bandwidth(device))  # the bandwidth this run is about to have
+                # the bandwidth and matmul peak this run is about to have
+                row_bandwidths.append(read_bandwidth(device))
+                row_peaks.append(matmul_peak(device, DTYPES[dtype_name], reps=2))
                 samples[name].append(engine.call("run", b, i, o))
             if "minisgl" in engines:
                 linears.append(engines["minisgl"].call("linears", b))
@@ -290,7 +292,9 @@ def run_rows(args, device: torch.device, engines: dict, model_name: str, dtype_n
         row["prefill_attention_flops"] = prefill_attention_flops(counted, b, i)
         row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
         row["read_bandwidth_samples"] = row_bandwidths
+        row["matmul_peak_flops"], row["matmul_peak_samples"] = statistics.median(row_peaks), row_peaks
         add_speedups(row)
+        add_roofline_shares(row)
         rows.append(row)
         speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
         print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
@@ -305,13 +309,14 @@ def add_speedups(row: dict) -> None:
                 row[f"{prefix}{phase}_speedup"] = row[f"hf_{phase}_s"]["median"] / row[f"{engine}_{phase}_s"]["median"]
 
 
-def add_roofline_shares(row: dict, peaks: dict) -> None:
-    """Prefill as a share of the matmul peak; decode as the bandwidth floor's share of the step time, the floor
-    at the row's own bandwidth (the median of the samples taken right before each of its runs)."""
-    floor = row["decode_bytes"] / row["read_bandwidth_bytes"]
+def add_roofline_shares(row: dict) -> None:
+    """Prefill as a share of the matmul peak; decode as the bandwidth floor's share of the step time. Both at the
+    row's own machine: the peak and the bandwidth are the medians of the samples taken right before each of its
+    runs, as a shared VM's speed changes in phases."""
+    floor, peak = row["decode_bytes"] / row["read_bandwidth_bytes"], row["matmul_peak_flops"]
     for engine in (e for e in ENGINES if f"{e}_prefill_s" in row):
         prefill_rate = row["prefill_flops"] / row[f"{engine}_prefill_s"]["median"]
-        row[f"{engine}_prefill_peak_share"] = prefill_rate / peaks[f"matmul_{row['dtype']}_flops"]
+        row[f"{engine}_prefill_peak_share"] = prefill_rate / peak
         row[f"{engine}_decode_floor_share"] = floor / row[f"{engine}_decode_s"]["median"]
     if "decode_linears_s" in row:
         seconds = row["decode_linears_s"]["median"]
@@ -324,15 +329,14 @@ def add_roofline_shares(row: dict, peaks: dict) -> None:
         row["prefill_linears_flop_rate"] = (row["prefill_flops"] - row["prefill_attention_flops"]) / linears
         row["prefill_attention_flop_rate"] = row["prefill_attention_flops"] / attention
         # the share a prefill would have if everything but its linears and attention took no time
-        peak = peaks[f"matmul_{row['dtype']}_flops"]
         row["prefill_ceiling_share"] = row["prefill_flops"] / (linears + attention) / peak
 
 
 def print_table(rows, peaks) -> None:
     table = Table(title=(f"matmul peak fp32 {peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, "
-                         f"bf16 {peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s; "
-                         f"read bandwidth {peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s (median; each row's floor uses "
-                         "its own samples)"))  # fmt: skip
+                         f"bf16 {peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s (the run's best); "
+                         f"read bandwidth {peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s (median); each row's "
+                         "shares use its own samples of both"))  # fmt: skip
     engines = [e for e in ENGINES if rows and f"{e}_prefill_s" in rows[0]]
     speedups = [key for key in ("prefill_speedup", "compiled_prefill_speedup", "decode_speedup",
                                 "compiled_decode_speedup") if rows and key in rows[0]]  # fmt: skip

@@ -8,6 +8,7 @@ import importlib
 import importlib.util
 import io
 import math
+import statistics
 import sys
 
 import pytest
@@ -145,12 +146,13 @@ def test_a_dead_engine_process_is_named_in_one_error(engines):
     engine.close()
 
 
-def test_decode_floor_share_uses_the_rows_own_bandwidth(perf):
-    """A row measured in a slow phase of the VM is held to the bandwidth it had, not the run's median: 400 MB at
-    the row's 40 GB/s is a 10 ms floor, half of a 20 ms step; prefill 0.4 GFLOP in 20 ms is a fifth of 100 GFLOP/s."""
+def test_roofline_shares_use_the_rows_own_bandwidth_and_peak(perf):
+    """A row measured in a slow phase of the VM is held to the bandwidth and peak it had: 400 MB at the row's
+    40 GB/s is a 10 ms floor, half of a 20 ms step; prefill 0.4 GFLOP in 20 ms is a fifth of the row's 100 GFLOP/s."""
     row = {"dtype": "float32", "batch": 1, "decode_bytes": 400e6, "prefill_flops": 0.4e9, "read_bandwidth_bytes": 40e9,
-           "minisgl_prefill_s": {"median": 0.020}, "minisgl_decode_s": {"median": 0.020}}  # fmt: skip
-    perf.add_roofline_shares(row, {"read_bandwidth_bytes": 80e9, "matmul_float32_flops": 100e9})
+           "matmul_peak_flops": 100e9, "minisgl_prefill_s": {"median": 0.020},
+           "minisgl_decode_s": {"median": 0.020}}  # fmt: skip
+    perf.add_roofline_shares(row)
     assert row["minisgl_decode_floor_share"] == pytest.approx(0.5)
     assert row["minisgl_prefill_peak_share"] == pytest.approx(0.2)
 
@@ -159,9 +161,9 @@ def test_prefill_ceiling_is_the_share_with_only_linears_and_attention(perf):
     """0.3 GFLOP of weights in 4 ms and 0.1 of attention in 4 ms: 75 and 25 GFLOP/s; 0.4 GFLOP in their 8 ms is
     half of a 100 GFLOP/s peak, the share the prefill would have if nothing else took time."""
     row = {"dtype": "float32", "batch": 1, "decode_bytes": 1, "prefill_flops": 0.4e9, "read_bandwidth_bytes": 1,
-           "prefill_attention_flops": 0.1e9, "prefill_linears_s": {"median": 0.004},
+           "matmul_peak_flops": 100e9, "prefill_attention_flops": 0.1e9, "prefill_linears_s": {"median": 0.004},
            "prefill_attention_s": {"median": 0.004}}  # fmt: skip
-    perf.add_roofline_shares(row, {"matmul_float32_flops": 100e9})
+    perf.add_roofline_shares(row)
     assert row["prefill_linears_flop_rate"] == pytest.approx(75e9)
     assert row["prefill_attention_flop_rate"] == pytest.approx(25e9)
     assert row["prefill_ceiling_share"] == pytest.approx(0.5)
@@ -255,7 +257,7 @@ def test_perf_refuses_cuda_without_a_gpu(perf, capsys):
 
 def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch):
     """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked at each repetition
-    with a bandwidth sample before each run, and the random-weight checkpoint it saved (half a GB for dummy134 in
+    with a bandwidth and a matmul peak sample before each run, and the random-weight checkpoint it saved (half a GB for dummy134 in
     float32) is gone afterwards."""
     import json
     import tempfile
@@ -279,6 +281,12 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert len(row["read_bandwidth_samples"]) == 4 and len(row["decode_linears_s"]["samples"]) == 2
     assert all(len(row[f"prefill_{part}_s"]["samples"]) == 2 for part in ("linears", "attention"))
     assert data["peaks"]["read_bandwidth_samples"][1:-1] == row["read_bandwidth_samples"]
+    assert len(row["matmul_peak_samples"]) == 4 and row["matmul_peak_flops"] == statistics.median(
+        row["matmul_peak_samples"]
+    )
+    assert row["minisgl_prefill_peak_share"] == pytest.approx(
+        row["prefill_flops"] / row["minisgl_prefill_s"]["median"] / row["matmul_peak_flops"]
+    )
     assert data["process_per_engine"] is True
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
