@@ -102,12 +102,11 @@ def _workload(r: dict) -> list[str]:
     return [r["model"], r["dtype"], f"{r['batch']}, {r['input']}, {r['output']}"]
 
 
-def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
+def _decode_breakdown(rows: list[dict]) -> list[str]:
     """Each row's decode step split into the weight reads alone (``decode_linears_s``) and everything else."""
 
     def cells(r: dict) -> list[str]:
-        rate, flops = r["decode_linears_read_rate"], r["decode_linears_flop_rate"]
-        peak = peaks[f"matmul_{r['dtype']}_flops"]
+        rate, flops, peak = r["decode_linears_read_rate"], r["decode_linears_flop_rate"], r["matmul_peak_flops"]
         return _workload(r) + [
             f"{r['read_bandwidth_bytes'] / 1e9:.0f}", f"{r['decode_bytes'] / r['read_bandwidth_bytes'] * 1e3:.1f}",
             f"{r['decode_linears_s']['median'] * 1e3:.1f}",
@@ -120,19 +119,19 @@ def _decode_breakdown(rows: list[dict], peaks: dict) -> list[str]:
     return _breakdown(rows, head, cells, "decode", lambda r: r["decode_linears_s"]["median"])
 
 
-def _prefill_breakdown(rows: list[dict], peaks: dict) -> list[str]:
+def _prefill_breakdown(rows: list[dict]) -> list[str]:
     """Each row's prefill split into its linears alone, its attention alone (``prefill_*_s``) and the rest."""
 
     def cells(r: dict) -> list[str]:
-        peak = peaks[f"matmul_{r['dtype']}_flops"]
-        out = _workload(r)
+        peak = r["matmul_peak_flops"]
+        out = _workload(r) + [f"{peak / 1e9:.0f}"]
         for part in ("linears", "attention"):
             rate = r[f"prefill_{part}_flop_rate"]
             out += [f"{r[f'prefill_{part}_s']['median'] * 1e3:.1f}", f"{rate / 1e9:.0f} GFLOP/s ({rate / peak:.0%})"]
         return out + [f"{r['prefill_ceiling_share']:.0%}"]
 
-    head = ["model", "dtype", "batch, input, output", "linears alone ms", "their FLOP rate", "attention alone ms",
-            "its FLOP rate", "ceiling"]  # fmt: skip
+    head = ["model", "dtype", "batch, input, output", "row's peak GFLOP/s", "linears alone ms", "their FLOP rate",
+            "attention alone ms", "its FLOP rate", "ceiling"]  # fmt: skip
     spent = lambda r: r["prefill_linears_s"]["median"] + r["prefill_attention_s"]["median"]  # noqa: E731
     return _breakdown(rows, head, cells, "prefill", spent)
 
@@ -173,6 +172,15 @@ def _bandwidth(peaks: dict) -> str:
     samples = peaks["read_bandwidth_samples"]
     return (f"{peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s "
             f"(samples {min(samples) / 1e9:.1f}-{max(samples) / 1e9:.1f} GB/s)")  # fmt: skip
+
+
+def _peak_samples(rows: list[dict]) -> str:
+    """The range of the rows' matmul peak samples, per dtype."""
+    spans = []
+    for dtype in dict.fromkeys(r["dtype"] for r in rows):
+        samples = [s for r in rows if r["dtype"] == dtype for s in r["matmul_peak_samples"]]
+        spans.append(f"{dtype} {min(samples) / 1e9:.0f}-{max(samples) / 1e9:.0f} GFLOP/s")
+    return ", ".join(spans)
 
 
 def _commit(data: dict) -> str:
@@ -254,14 +262,16 @@ def bench_pages() -> dict[str, str]:
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time.\n\n"
         f"{_commit(data)}{_machine(data.get('machine'))}"
-        "Machine peaks: the matmul peaks are the fastest repetition of MKL's matmul or oneDNN's prepacked "
-        "linear, the better of a measurement before and after the run: float32 "
+        "Machine peaks: a matmul peak is the fastest repetition of MKL's matmul or oneDNN's prepacked linear on "
+        "2048-square matrices (8192 on CUDA). The run's best, of a measurement before it and one after: float32 "
         f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 "
-        f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s. The read bandwidth is sampled right before every "
-        "engine's run of every row, each sample the fastest of three readers of a 1 GiB matrix (`torch.mv`, "
-        "oneDNN's prepacked linear at four rows, a plain sum); this VM's bandwidth changes in phases, so each "
-        "row's floor uses the median of its own samples (shown in the decode breakdown below). All samples: "
-        f"{_bandwidth(peaks)}. Decode steps can have phases of their own that the probe does not see: on a 2-core "
+        f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s. A shared machine's speed changes in phases, so the "
+        "peak of the row's dtype (the better of two repetitions) and the read bandwidth (the fastest of three "
+        "readers of a 1 GiB matrix: `torch.mv`, oneDNN's prepacked linear at four rows, a plain sum) are also "
+        "sampled right before every engine's run of every row, and each row's shares use the medians of its own "
+        "samples (shown in the breakdowns below): against the run's best, a row run in a slow phase would be held "
+        f"to a speed it never had. All samples: peaks {_peak_samples(rows)}; bandwidth {_bandwidth(peaks)}. "
+        "Decode steps can have phases of their own that the probe does not see: on a 2-core "
         "AMD EPYC VM (December 2026), six consecutive runs of the compiled dummy134 float32 batch-1 step in one "
         "process took 13.2, 17.6, 11.3, 15.8, 17.2 and 18.3 ms (medians of 31 steps), while eleven of the twelve "
         "probe samples taken around them read 29-33 GB/s (one read 55); `python bench/decode_phases.py` makes "
@@ -283,7 +293,7 @@ def bench_pages() -> dict[str, str]:
             "minisgl's kernels need to stream the weights (oneDNN's; for a single float32 row, MKL's over "
             "column-blocked copies where they are kept), and its read rate is how close those kernels come to the "
             "measured bandwidth; their FLOP rate (the batch's rows only: where oneDNN pads, below four rows the "
-            "kernel runs four, padded), against the matmul peak, shows when a larger batch makes them bound by "
+            "kernel runs four, padded), against the row's matmul peak, shows when a larger batch makes them bound by "
             "compute instead. *Rest* is the step minus that time: attention (K/V writes, gathers and the "
             "kernel), norms, RoPE, sampling and framework time. For the compiled engine it is approximate at "
             "batches its general graph runs, whose linears are Inductor's packing of the same oneDNN kernels, and "
@@ -292,7 +302,7 @@ def bench_pages() -> dict[str, str]:
             "stream the weights faster than oneDNN. A step can only reach the floor "
             "if both gaps close: the kernels' read rate and the rest.\n\n"
         )
-        out += _decode_breakdown(rows, peaks)
+        out += _decode_breakdown(rows)
     if "prefill_linears_s" in rows[0]:
         out.append(
             "\n## Where a prefill goes\n\n"
@@ -300,7 +310,7 @@ def bench_pages() -> dict[str, str]:
             "request's last token, with minisgl's own prepacked weights and kernels; *attention alone* runs the "
             "attention backend's causal attention over the same requests, nothing cached, once per layer (the call "
             "an extend of equal lengths makes, so the same kernel: `causal_prefill_attention` or SDPA). Both are "
-            "timed between the repetitions, one pass after a warm-up. Their FLOP rates against the matmul peak "
+            "timed between the repetitions, one pass after a warm-up. Their FLOP rates against the row's peak "
             "show how close those kernels come to the machine's; the *ceiling* is the share of the peak a prefill "
             "would reach if nothing else took time, so a target above it would need faster kernels. "
             "*Rest* is the prefill minus both: embedding, norms, RoPE, the activation, residual adds, K/V writes, "
@@ -310,7 +320,7 @@ def bench_pages() -> dict[str, str]:
             "timed at other moments than the prefills, so where the machine's speed changes in phases the rest "
             "also carries the difference between those moments.\n\n"
         )
-        out += _prefill_breakdown(rows, peaks)
+        out += _prefill_breakdown(rows)
     out.append(f"\nReproduce:\n\n```bash\n{COMMAND}\n```\n")
     out += _cuda_section()
     return {"reference/bench.md": "".join(out), "reference/bench-chart.svg": chart_svg(rows)}

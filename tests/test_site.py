@@ -188,14 +188,14 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
     from reader.site_bench import _decode_breakdown
 
     row = {"model": "m", "dtype": "float32", "batch": 1, "input": 128, "output": 32, "minisgl_prefill_s": {},
-           "compiled_prefill_s": {}, "decode_bytes": 400e6, "read_bandwidth_bytes": 40e9,
+           "compiled_prefill_s": {}, "decode_bytes": 400e6, "read_bandwidth_bytes": 40e9, "matmul_peak_flops": 100e9,
            "decode_linears_s": {"median": 0.020},
            "decode_linears_read_rate": 400e6 / 0.020,
            "decode_linears_flop_rate": 2 * 1 * 100e6 / 0.020, "minisgl_decode_s": {"median": 0.030},
            "compiled_decode_s": {"median": 0.025}}  # fmt: skip
-    lines = _decode_breakdown([row], {"read_bandwidth_bytes": 80e9, "matmul_float32_flops": 100e9})
+    lines = _decode_breakdown([row])
     assert "minisgl step ms (rest)" in lines[0] and "minisgl --enable-torch-compile step ms (rest)" in lines[0]
-    # the row's own bandwidth, not the run's: floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half
+    # the row's own bandwidth and peak: floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half
     # the bandwidth, and do 2 * 1e8 float32 weights * 1 row in 20 ms = 10 GFLOP/s, a tenth of the peak;
     # rest = step - 20 ms
     assert lines[1] == (
@@ -206,16 +206,16 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
 def test_bench_prefill_breakdown_splits_each_prefill_at_linears_and_attention():
     from reader.site_bench import _prefill_breakdown
 
-    row = {"model": "m", "dtype": "bfloat16", "batch": 1, "input": 512, "output": 16,
+    row = {"model": "m", "dtype": "bfloat16", "batch": 1, "input": 512, "output": 16, "matmul_peak_flops": 200e9,
            "prefill_linears_s": {"median": 0.300}, "prefill_attention_s": {"median": 0.100},
            "prefill_linears_flop_rate": 30e9 / 0.300, "prefill_attention_flop_rate": 10e9 / 0.100,
            "prefill_ceiling_share": 40e9 / 0.400 / 200e9,
            "minisgl_prefill_s": {"median": 0.500}, "compiled_prefill_s": {"median": 0.380}}  # fmt: skip
-    lines = _prefill_breakdown([row], {"matmul_bfloat16_flops": 200e9, "matmul_float32_flops": 100e9})
+    lines = _prefill_breakdown([row])
     assert "| ceiling | minisgl prefill ms (rest) | minisgl --enable-torch-compile prefill ms (rest) |" in lines[0]
-    # the row's dtype's peak: linears 100 GFLOP/s of 200, attention 100 of 200; 40 GFLOP in 400 ms is half the
+    # the row's own peak: linears 100 GFLOP/s of 200, attention 100 of 200; 40 GFLOP in 400 ms is half the
     # peak; rest = prefill - 400 ms, below zero where the engine beats the parts' sum
-    assert lines[1] == ("| m | bfloat16 | 1, 512, 16 | 300.0 | 100 GFLOP/s (50%) | 100.0 | 100 GFLOP/s (50%) | 50% "
+    assert lines[1] == ("| m | bfloat16 | 1, 512, 16 | 200 | 300.0 | 100 GFLOP/s (50%) | 100.0 | 100 GFLOP/s (50%) | 50% "
                         "| 500.0 (100.0) | 380.0 (-20.0) |\n")  # fmt: skip
 
 
@@ -262,3 +262,12 @@ def test_bench_page_names_the_probes_choices(padded_rows, copies, expected):
                "avx512_bf16": True, "padded_rows": padded_rows, "mkl_gemv_copies": copies}  # fmt: skip
     assert expected in _machine(machine)
     assert "probes" not in _machine({k: v for k, v in machine.items() if k not in ("padded_rows", "mkl_gemv_copies")})
+
+
+def test_bench_page_gives_the_span_of_the_rows_peak_samples():
+    from reader.site_bench import _peak_samples
+
+    rows = [{"dtype": "float32", "matmul_peak_samples": [150e9, 210e9]},
+            {"dtype": "bfloat16", "matmul_peak_samples": [400e9]},
+            {"dtype": "float32", "matmul_peak_samples": [120e9, 200e9]}]  # fmt: skip
+    assert _peak_samples(rows) == "float32 120-210 GFLOP/s, bfloat16 400-400 GFLOP/s"
