@@ -11,11 +11,10 @@ HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same wei
 logits processor that stamps the clock as every new token's logits arrive. Each engine runs in a process of its
 own for the whole run (``bench/engines.py``): minisgl's runners set their glibc heap settings
 (``keep_freed_cpu_memory``) in theirs, and HF keeps glibc's defaults, as a user would run it. Engines alternate
-within each repetition, and each repetition runs every workload of a model and dtype in turn; medians are
-reported with min and max. The matmul peak (float32, bfloat16) and the memory read bandwidth are measured in
-this parent process while the engines wait, under the heap settings minisgl's engines have (as when all of it
-ran in one process): once before and after the run, and both again right before every engine's run of every
-row, whose shares use the medians of its own samples. Results: a table, and JSON
+between repetitions; medians are reported with min and max. The matmul peak (float32, bfloat16) and the memory
+read bandwidth are measured in this parent process while the engines wait, under the heap settings minisgl's
+engines have (as when all of it ran in one process): once before and after the run, and both again right before
+every engine's run of every row, whose shares use the medians of its own samples. Results: a table, and JSON
 (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a synchronize around
 each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for machines that cannot
 fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and the same times
@@ -216,8 +215,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         parser.error(f"--workloads {' '.join(args.workloads)}: each must be batch,input,output (e.g. 8,128,32)")
     if min(output for _, _, output in workloads) < 2:
         parser.error(f"--workloads {' '.join(args.workloads)}: an output of at least 2 tokens, so that decode is timed")
-    if len(set(workloads)) < len(workloads):
-        parser.error(f"--workloads {' '.join(args.workloads)}: a workload twice; give each once and raise --reps")
     if args.reps < 1:
         parser.error(f"--reps {args.reps}: at least 1")
     args.workloads = workloads
@@ -261,67 +258,47 @@ def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = statistics.median(bandwidths), bandwidths
     print_table(rows, peaks)
     results = {"commit": commit, "machine": machine_info(device), "device": device.type, "process_per_engine": True,
-               "workloads_interleaved": True, "peaks": peaks, "rows": rows}  # fmt: skip
+               "peaks": peaks, "rows": rows}  # fmt: skip
     write_whole(args.output, lambda f: json.dump(results, f, indent=1))
     print(f"written {args.output}")
 
 
 def run_rows(args, device: torch.device, engines: dict, model_name: str, dtype_name: str, path: str) -> list[dict]:
-    """One row per workload for a model and dtype the engines have loaded: every engine's repetitions, alternating.
-
-    Each repetition runs every workload in turn, so a row's repetitions spread over the whole model-and-dtype block
-    (minutes) instead of following each other (seconds for a short workload): a slow phase of the machine then
-    hits some of a row's samples, which the median sets aside, rather than all of them.
-    """
+    """One row per workload for a model and dtype the engines have loaded: every engine's repetitions, alternating."""
     counted = meta_model(path, DTYPES[dtype_name])  # FLOPs and weight bytes from the architecture, on no memory
+    rows = []
     for b, i, o in args.workloads:
         for engine in engines.values():
             engine.call("run", b, i, min(o, 4))  # warm-up (and compile), as the bench does
-    measured = {workload: {"runs": {name: [] for name in engines}, "linears": [], "prefill_parts": [],
-                           "bandwidths": [], "peaks": []} for workload in args.workloads}  # fmt: skip
-    for _ in range(args.reps):
-        for workload in args.workloads:
-            run_repetition(device, engines, DTYPES[dtype_name], workload, measured[workload])
-    rows = []
-    for workload in args.workloads:
-        rows.append(row := make_row(model_name, dtype_name, counted, workload, measured[workload]))
+        samples, linears, prefill_parts, row_bandwidths, row_peaks = {name: [] for name in engines}, [], [], [], []
+        for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
+            for name, engine in engines.items():
+                # the bandwidth and matmul peak this run is about to have
+                row_bandwidths.append(read_bandwidth(device))
+                row_peaks.append(matmul_peak(device, DTYPES[dtype_name], reps=2))
+                samples[name].append(engine.call("run", b, i, o))
+            if "minisgl" in engines:
+                linears.append(engines["minisgl"].call("linears", b))
+                prefill_parts.append(engines["minisgl"].call("prefill_parts", b, i))
+        row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
+        for name, values in samples.items():
+            row[f"{name}_prefill_s"] = summarize([v[0] for v in values])
+            row[f"{name}_decode_s"] = summarize([v[1] for v in values])
+        if linears:
+            row["decode_linears_s"] = summarize(linears)
+            row["prefill_linears_s"] = summarize([part[0] for part in prefill_parts])
+            row["prefill_attention_s"] = summarize([part[1] for part in prefill_parts])
+        row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(counted, b, i), decode_bytes(counted)
+        row["prefill_attention_flops"] = prefill_attention_flops(counted, b, i)
+        row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
+        row["read_bandwidth_samples"] = row_bandwidths
+        row["matmul_peak_flops"], row["matmul_peak_samples"] = statistics.median(row_peaks), row_peaks
+        add_speedups(row)
+        add_roofline_shares(row)
+        rows.append(row)
         speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
-        print(f"{model_name} {dtype_name} {','.join(map(str, workload))}: {speedups} (HF time / ours)", flush=True)
+        print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
     return rows
-
-
-def run_repetition(device: torch.device, engines: dict, dtype: torch.dtype, workload, measured: dict) -> None:
-    """One repetition of a workload: each engine's run, right after the probes, then minisgl's parts."""
-    b, i, o = workload
-    for name, engine in engines.items():  # alternate engines so drifting machine load hits all alike
-        # the bandwidth and matmul peak this run is about to have
-        measured["bandwidths"].append(read_bandwidth(device))
-        measured["peaks"].append(matmul_peak(device, dtype, reps=2))
-        measured["runs"][name].append(engine.call("run", b, i, o))
-    if "minisgl" in engines:
-        measured["linears"].append(engines["minisgl"].call("linears", b))
-        measured["prefill_parts"].append(engines["minisgl"].call("prefill_parts", b, i))
-
-
-def make_row(model_name: str, dtype_name: str, counted, workload, measured: dict) -> dict:
-    """A workload's row: its medians, min and max, its FLOPs and bytes, its probes' samples, speedups, shares."""
-    b, i, o = workload
-    row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
-    for name, values in measured["runs"].items():
-        row[f"{name}_prefill_s"] = summarize([v[0] for v in values])
-        row[f"{name}_decode_s"] = summarize([v[1] for v in values])
-    if measured["linears"]:
-        row["decode_linears_s"] = summarize(measured["linears"])
-        row["prefill_linears_s"] = summarize([part[0] for part in measured["prefill_parts"]])
-        row["prefill_attention_s"] = summarize([part[1] for part in measured["prefill_parts"]])
-    row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(counted, b, i), decode_bytes(counted)
-    row["prefill_attention_flops"] = prefill_attention_flops(counted, b, i)
-    row["read_bandwidth_bytes"] = statistics.median(measured["bandwidths"])
-    row["read_bandwidth_samples"] = measured["bandwidths"]
-    row["matmul_peak_flops"], row["matmul_peak_samples"] = statistics.median(measured["peaks"]), measured["peaks"]
-    add_speedups(row)
-    add_roofline_shares(row)
-    return row
 
 
 def add_speedups(row: dict) -> None:

@@ -245,16 +245,6 @@ def _processes(data: dict) -> str:
     return "all engines in one process (under minisgl's heap settings, HF too)"
 
 
-def _order(data: dict) -> str:
-    """How the runs followed each other: results from before perf.py interleaved the workloads ran each row's
-    repetitions back to back."""
-    if data.get("workloads_interleaved"):
-        return ("in each repetition, and each repetition running every workload of a model and dtype in turn "
-                "(so a row's repetitions spread over minutes, and a slow phase of the machine hits only some of "
-                "them)")  # fmt: skip
-    return "between repetitions, each row's repetitions back to back"
-
-
 def bench_pages() -> dict[str, str]:
     """``reference/bench.md`` (and its chart when results exist)."""
     out = [HEADER, "# Benchmark results {#bench}\n\n"]
@@ -267,7 +257,7 @@ def bench_pages() -> dict[str, str]:
     out.append(
         "minisgl (through `bench_one_batch`'s own code; eagerly, and with `--enable-torch-compile` where the "
         "results have it) against HF transformers `generate` (greedy, sdpa, its "
-        f"default cache) on the same weights, {_processes(data)}, engines alternating {_order(data)}; medians of the "
+        f"default cache) on the same weights, {_processes(data)}, engines alternating between repetitions; medians of the "
         "repetitions, min and max in brackets. A speedup above 1 means minisgl is faster. Prefill is shown as a "
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time.\n\n"

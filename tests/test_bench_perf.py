@@ -3,7 +3,6 @@ but the norms' few)."""
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import importlib
 import importlib.util
@@ -239,7 +238,6 @@ def test_smollm2_shape_has_the_default_models_parameters(engines):
     "argv, message",
     [
         (["--workloads", "8,128"], "--workloads 8,128: each must be batch,input,output"),
-        (["--workloads", "1,8,3", "2,8,3", "1,8,3"], "--workloads 1,8,3 2,8,3 1,8,3: a workload twice"),
         (["--output", "/nonexistent-folder/r.json"], "--output /nonexistent-folder/r.json: its folder does not exist"),
         (["--models", "gpt2"], "argument --models: invalid choice: 'gpt2'"),
     ],
@@ -259,8 +257,8 @@ def test_perf_refuses_cuda_without_a_gpu(perf, capsys):
 
 def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch):
     """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked at each repetition
-    with a bandwidth and a matmul peak sample before each run, and the random-weight checkpoint it saved (half a GB
-    for dummy134 in float32) is gone afterwards."""
+    with a bandwidth and a matmul peak sample before each run, and the random-weight checkpoint it saved (half a GB for dummy134 in
+    float32) is gone afterwards."""
     import json
     import tempfile
 
@@ -293,40 +291,6 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
     assert list(scratch.iterdir()) == []
-
-
-def test_run_rows_spreads_each_rows_repetitions_over_the_block(perf, monkeypatch):
-    """Warm-ups first, then each repetition runs every workload in turn, engines alternating, each run right after
-    its probes and minisgl's parts after each workload's runs; each row keeps its own samples, in order."""
-    log = []
-
-    class FakeEngine:
-        def __init__(self, name):
-            self.name = name
-
-        def call(self, method, *args):
-            log.append((self.name, method, *args))
-            return (0.1 * len(log), 0.01) if method in ("run", "prefill_parts") else 0.01
-
-    monkeypatch.setattr(perf, "read_bandwidth", lambda device: log.append(("bandwidth",)) or 3e10)
-    monkeypatch.setattr(perf, "matmul_peak", lambda device, dtype, reps: log.append(("peak",)) or 1e11)
-    for counter in ("meta_model", "exact_prefill_flops", "prefill_attention_flops", "decode_bytes"):
-        monkeypatch.setattr(perf, counter, lambda *args: 1e9)
-    args = argparse.Namespace(workloads=[(1, 8, 3), (2, 8, 3)], reps=2)
-    engines = {name: FakeEngine(name) for name in ("minisgl", "hf")}
-    with contextlib.redirect_stdout(io.StringIO()):
-        rows = perf.run_rows(args, torch.device("cpu"), engines, "m", "float32", "unused")
-
-    def repetition(b):
-        runs = [step for name in engines for step in (("bandwidth",), ("peak",), (name, "run", b, 8, 3))]
-        return runs + [("minisgl", "linears", b), ("minisgl", "prefill_parts", b, 8)]
-
-    warm_ups = [(name, "run", b, 8, 3) for b in (1, 2) for name in engines]
-    assert log == warm_ups + repetition(1) + repetition(2) + repetition(1) + repetition(2)
-    assert [(r["batch"], len(r["minisgl_prefill_s"]["samples"]), len(r["matmul_peak_samples"])) for r in rows] == [
-        (1, 2, 4), (2, 2, 4)]  # fmt: skip
-    first_runs = [n for n, step in enumerate(log, 1) if step == ("minisgl", "run", 1, 8, 3)][1:]
-    assert rows[0]["minisgl_prefill_s"]["samples"] == [pytest.approx(0.1 * n) for n in first_runs]
 
 
 def test_prefill_levers_script_runs_both_levers(monkeypatch, capsys):

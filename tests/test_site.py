@@ -271,10 +271,3 @@ def test_bench_page_gives_the_span_of_the_rows_peak_samples():
             {"dtype": "bfloat16", "matmul_peak_samples": [400e9]},
             {"dtype": "float32", "matmul_peak_samples": [120e9, 200e9]}]  # fmt: skip
     assert _peak_samples(rows) == "float32 120-210 GFLOP/s, bfloat16 400-400 GFLOP/s"
-
-
-def test_bench_page_says_how_the_runs_were_ordered():
-    from reader.site_bench import _order
-
-    assert "each row's repetitions back to back" in _order({"process_per_engine": True})
-    assert "every workload of a model and dtype in turn" in _order({"workloads_interleaved": True})
