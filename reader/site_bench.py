@@ -266,7 +266,7 @@ def bench_pages() -> dict[str, str]:
         "2048-square matrices (8192 on CUDA). The run's best, of a measurement before it and one after: float32 "
         f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 "
         f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s. A shared machine's speed changes in phases, so the "
-        "peak of the row's dtype (the better of two repetitions) and the read bandwidth (the fastest of three "
+        "peak of the row's dtype (two repetitions of each kernel) and the read bandwidth (the fastest of three "
         "readers of a 1 GiB matrix: `torch.mv`, oneDNN's prepacked linear at four rows, a plain sum) are also "
         "sampled right before every engine's run of every row, and each row's shares use the medians of its own "
         "samples (shown in the breakdowns below): against the run's best, a row run in a slow phase would be held "

@@ -257,8 +257,8 @@ def test_perf_refuses_cuda_without_a_gpu(perf, capsys):
 
 def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch):
     """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked at each repetition
-    with a bandwidth and a matmul peak sample before each run, and the random-weight checkpoint it saved (half a GB for dummy134 in
-    float32) is gone afterwards."""
+    with a bandwidth and a matmul peak sample before each run, and the random-weight checkpoint it saved (half a GB
+    for dummy134 in float32) is gone afterwards."""
     import json
     import tempfile
 
