@@ -166,7 +166,8 @@ def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, 
     keys up to its own last token. Without AMX, CPU SDPA's flash kernel multiplies its small blocks at ~70
     GFLOP/s on an AVX-512 CPU; ``bmm`` hands whole tiles to oneDNN (SmolLM2 prefill on an AMD EPYC, eager,
     in-process A/B, ms: bfloat16 1x512 246 -> 200, 8x128 382 -> 307, 32x256 3866 -> 3664; float32 1x512
-    371 -> 319, 1x256 169 -> 155, 8x128 616 -> 581). The scores are float32 as in SDPA, and
+    371 -> 319, 1x256 169 -> 155, 8x128 616 -> 581; on a slower EPYC VM, ``bench/prefill_levers.py``, bfloat16 1x512
+    597 -> 598, 8x128 935 -> 880, 32x256 7329 -> 6842). The scores are float32 as in SDPA, and
     ``fp32_precision = "bf16"`` routes their float32 ``bmm`` to oneDNN (by default it goes to MKL). oneDNN may
     then multiply in bfloat16 (the setting allows it; on this AMD it keeps float32). That loses nothing for
     bfloat16 requests, whose q and k are upcast, exact bfloat16 values (the scale goes on q only where that keeps
