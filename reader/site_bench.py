@@ -238,11 +238,17 @@ def _cuda_section() -> list[str]:
 
 
 def _processes(data: dict) -> str:
-    """How the engines shared the machine: results from before perf.py ran each engine apart say so."""
-    if data.get("process_per_engine"):
-        return ("each engine in a process of its own (minisgl's runners with their heap settings, HF under glibc's "
-                "defaults)")  # fmt: skip
-    return "all engines in one process (under minisgl's heap settings, HF too)"
+    """How the engines shared the machine: results from before perf.py ran each engine apart, or before it warmed
+    each run up, say so."""
+    if not data.get("process_per_engine"):
+        return "all engines in one process (under minisgl's heap settings, HF too), engines alternating between repetitions"
+    shared = ("each engine in a process of its own (minisgl's runners with their heap settings, HF under glibc's "
+              "defaults), engines alternating between repetitions")  # fmt: skip
+    if data.get("warm_up_before_each_run"):
+        # why: right after the probes and another engine's run, a prefill ran up to 13% slower (perf.py's run_rows)
+        shared += (", each timed run right after an untimed prefill of the same workload in the same engine, as "
+                   "`bench_one_batch` times its run after a warm-up")  # fmt: skip
+    return shared
 
 
 def bench_pages() -> dict[str, str]:
@@ -257,7 +263,7 @@ def bench_pages() -> dict[str, str]:
     out.append(
         "minisgl (through `bench_one_batch`'s own code; eagerly, and with `--enable-torch-compile` where the "
         "results have it) against HF transformers `generate` (greedy, sdpa, its "
-        f"default cache) on the same weights, {_processes(data)}, engines alternating between repetitions; medians of the "
+        f"default cache) on the same weights, {_processes(data)}; medians of the "
         "repetitions, min and max in brackets. A speedup above 1 means minisgl is faster. Prefill is shown as a "
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time.\n\n"

@@ -10,6 +10,7 @@ import io
 import math
 import statistics
 import sys
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -291,6 +292,36 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
     assert list(scratch.iterdir()) == []
+
+
+def test_each_timed_run_follows_the_probes_and_a_warm_up_of_its_workload(perf, tiny_llama, monkeypatch):
+    """run_rows, on fake engines: per repetition and engine, the probes, then an untimed prefill of the same workload
+    (output 2) in that engine, then the timed run; only the timed runs' figures become the row's samples."""
+    calls = []
+
+    class FakeEngine:
+        def __init__(self, name):
+            self.name = name
+
+        def call(self, method, *args):
+            calls.append((self.name, method, *args))
+            if method == "run":  # warm-ups take 9 s, timed runs 1 s: a warm-up in the samples would show
+                return (9.0, 9.0) if args[2] == 2 else (1.0, 0.1)
+            return (0.5, 0.5) if method == "prefill_parts" else 0.5
+
+    monkeypatch.setattr(perf, "read_bandwidth", lambda device: calls.append(("probe", "bandwidth")) or 3e10)
+    monkeypatch.setattr(perf, "matmul_peak", lambda device, dtype, reps: calls.append(("probe", "peak")) or 1e11)
+    args = SimpleNamespace(workloads=[(1, 8, 3)], reps=2)
+    engines = {name: FakeEngine(name) for name in ("minisgl", "hf")}
+
+    (row,) = perf.run_rows(args, torch.device("cpu"), engines, "tiny", "float32", tiny_llama)
+
+    turn = lambda name: [("probe", "bandwidth"), ("probe", "peak"), (name, "run", 1, 8, 2), (name, "run", 1, 8, 3)]
+    repetition = turn("minisgl") + turn("hf") + [("minisgl", "linears", 1), ("minisgl", "prefill_parts", 1, 8)]
+    first_warm_ups = [("minisgl", "run", 1, 8, 3), ("hf", "run", 1, 8, 3)]  # compiles, before any timing
+    assert calls == first_warm_ups + repetition * 2
+    assert all(row[f"{e}_prefill_s"]["samples"] == [1.0, 1.0] for e in engines)
+    assert all(row[f"{e}_decode_s"]["samples"] == [0.1, 0.1] for e in engines)
 
 
 def test_prefill_levers_script_runs_both_levers(monkeypatch, capsys):

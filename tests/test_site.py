@@ -271,3 +271,17 @@ def test_bench_page_gives_the_span_of_the_rows_peak_samples():
             {"dtype": "bfloat16", "matmul_peak_samples": [400e9]},
             {"dtype": "float32", "matmul_peak_samples": [120e9, 200e9]}]  # fmt: skip
     assert _peak_samples(rows) == "float32 120-210 GFLOP/s, bfloat16 400-400 GFLOP/s"
+
+
+@pytest.mark.parametrize(("flags", "warmed", "one_process"), [
+    ({"process_per_engine": True, "warm_up_before_each_run": True}, True, False),
+    ({"process_per_engine": True}, False, False),  # results from before perf.py warmed each run up
+    ({}, False, True),  # from before it ran each engine apart
+])  # fmt: skip
+def test_bench_page_says_how_each_run_was_timed(flags, warmed, one_process):
+    from reader.site_bench import _processes
+
+    text = _processes(flags)
+    assert ("untimed prefill of the same workload" in text) == warmed
+    assert ("all engines in one process" in text) == one_process
+    assert "engines alternating between repetitions" in text
