@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import minisgl.layers.attention.torch_native_backend as backend_module
+import minisgl.model_executor.cpu_graph_runner as cpu_graph_runner
 from minisgl.bench_one_batch import decode, extend
 from minisgl.layers.linear import min_packed_rows
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
@@ -112,6 +113,21 @@ def test_small_decode_graph_logits_match_hf(compiled, monkeypatch, padded_rows):
     assert calls["small_decode"] == before + 3
     # Only the real requests attend, padded to four rows for the linears or not: a padding row scans no sequence.
     assert runner.attn_backend.forward_metadata.kv_indices.shape[0] == len(prompts) <= padded_rows
+
+
+@pytest.mark.parametrize(
+    ("dtype", "amx", "tuned"),
+    [(torch.float32, False, True), (torch.bfloat16, False, False), (torch.bfloat16, True, True)],
+    ids=["float32", "bfloat16-without-amx", "bfloat16-with-amx"],
+)
+def test_small_decodes_get_the_tuned_graph_where_it_was_faster(tiny_llama, monkeypatch, dtype, amx, tuned):
+    """Float32 small decodes, and 16-bit ones on CPUs with AMX, get the autotuned graph of their own, padded to
+    min_packed_rows(); 16-bit ones without AMX run the general graph unpadded (the tuned one was slower there)."""
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(cpu_graph_runner, "min_packed_rows", lambda: 4)  # no probe, and a padding to see
+    graph_runner = make_runner(tiny_llama, enable_torch_compile=True, dtype=dtype).graph_runner
+    assert (graph_runner.compiled_small_decode is not graph_runner.compiled_forward) == tuned
+    assert graph_runner.small_decode_rows == (4 if tuned else None)
 
 
 def test_decode_over_max_bs_runs_eagerly(tiny_llama):

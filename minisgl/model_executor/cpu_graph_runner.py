@@ -14,7 +14,8 @@ makes Inductor pack linear weights for oneDNN, the faster kernel here (its stati
 GEMM, is ~2.5x slower at decode). On CPU, decode batches of fewer than ``min_packed_rows()`` requests are padded
 to that many rows, as ``apply_linear`` pads its input eagerly (four where a probe finds oneDNN's 4-row kernel
 the faster, only ever on CPUs with AMX; one, so no padding, elsewhere; see ``prepare_replay``), and decodes of
-that many rows run a second graph, compiled with max-autotune for that one shape (see ``__init__``). The first
+that many rows run a second graph, compiled with max-autotune for that one shape (see ``__init__``; float32
+always, 16-bit only on CPUs with AMX: ``tunes_small_decodes``). The first
 forward of each graph compiles (about two minutes on two cores for SmolLM2's extend and small decode; later
 processes reuse Inductor's on-disk cache);
 extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
@@ -89,6 +90,19 @@ def compile_options(**inductor_options) -> dict:
     return {"guard_filter_fn": keep_weight_identity_guards, **inductor_options}
 
 
+def tunes_small_decodes(dtype: torch.dtype) -> bool:
+    """Whether small CPU decodes of ``dtype`` get the max-autotune graph: float32 always; 16-bit only on CPUs with
+    AMX, whose tiles the template's 16-bit kernels multiply in.
+
+    Without AMX (AVX512-BF16, AMD EPYC Zen 5), the tuned bfloat16 step makes no oneDNN call (the timing picked the
+    template) and is slower than the general graph, where oneDNN's packed kernels run the same linears: in-process
+    A/B of two compiled engines, batch 1, 1,128,32, six alternating runs, ms/step, tuned -> general: SmolLM2
+    12.48 -> 9.19, dummy134 8.00 -> 6.18. Float32 goes the other way there (SmolLM2 8.93 tuned, 25.03 general),
+    and bfloat16 did on a Xeon VM with AMX (SmolLM2 at four rows 21.9 -> 19.3 ms/step tuned).
+    """
+    return dtype == torch.float32 or torch.cpu._is_amx_tile_supported()
+
+
 class CPUGraphRunner:
     def __init__(self, model_runner: ModelRunner):
         set_torch_compile_config()
@@ -108,8 +122,9 @@ class CPUGraphRunner:
         # kernel the probe finds the faster, 33.6 -> 24.9). The tuning adds about a minute to the first small
         # decode's compile (SmolLM2, 2 cores). On CUDA nothing is padded, and every decode runs the general graph.
         self.compiled_small_decode = self.compiled_forward
-        self.small_decode_rows: int | None = None  # the rows small decodes are padded to; CPU only
-        if self.device.type == "cpu":
+        # the rows small decodes are padded to, where they get the tuned graph (see tunes_small_decodes)
+        self.small_decode_rows: int | None = None
+        if self.device.type == "cpu" and tunes_small_decodes(model_runner.model_config.dtype):
             self.small_decode_rows = min_packed_rows()  # probed at load, not in a decode a benchmark may time
             autotune = {"max_autotune": True, "max_autotune_gemm_backends": "CPP,ATEN",
                         # the timings stay quiet: no table per linear on stderr
