@@ -12,14 +12,14 @@ logits processor that stamps the clock as every new token's logits arrive. Each 
 own for the whole run (``bench/engines.py``): minisgl's runners set their glibc heap settings
 (``keep_freed_cpu_memory``) in theirs, and HF keeps glibc's defaults, as a user would run it. Engines alternate
 between repetitions, each timed run right after an untimed prefill of the same workload in the same engine (as
-``bench_one_batch`` times a run after its warm-up); medians are reported with min and max. The matmul peak (float32, bfloat16) and the memory
-read bandwidth are measured in this parent process while the engines wait, under the heap settings minisgl's
-engines have (as when all of it ran in one process): once before and after the run, and both again right before
-every engine's run of every row, whose shares use the medians of its own samples. Results: a table, and JSON
-(``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a synchronize around
-each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for machines that cannot
-fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and the same times
-(eager, 1,128,16, both models alternating in one process, median of 8, real -> shape: float32 prefill
+``bench_one_batch`` times a run after its warm-up); medians are reported with min and max. The matmul peak (float32,
+bfloat16) and the memory read bandwidth are measured in this parent process while the engines wait, under the heap
+settings minisgl's engines have (as when all of it ran in one process): once before and after the run, and both
+again right before every engine's run of every row, whose shares use the medians of its own samples. Results: a
+table, and JSON (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a
+synchronize around each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for
+machines that cannot fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and
+the same times (eager, 1,128,16, both models alternating in one process, median of 8, real -> shape: float32 prefill
 95.9 -> 95.7 ms, decode 23.36 -> 23.75; bfloat16 66.4 -> 66.7, 14.10 -> 13.97).
 """
 

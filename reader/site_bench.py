@@ -241,11 +241,12 @@ def _processes(data: dict) -> str:
     """How the engines shared the machine: results from before perf.py ran each engine apart, or before it warmed
     each run up, say so."""
     if not data.get("process_per_engine"):
-        return "all engines in one process (under minisgl's heap settings, HF too), engines alternating between repetitions"
+        return ("all engines in one process (under minisgl's heap settings, HF too), engines alternating between "
+                "repetitions")  # fmt: skip
     shared = ("each engine in a process of its own (minisgl's runners with their heap settings, HF under glibc's "
               "defaults), engines alternating between repetitions")  # fmt: skip
     if data.get("warm_up_before_each_run"):
-        # why: right after the probes and another engine's run, a prefill ran up to 13% slower (perf.py's run_rows)
+        # right after the probes and another engine's run, a prefill ran up to 13% slower (perf.py's run_rows)
         shared += (", each timed run right after an untimed prefill of the same workload in the same engine, as "
                    "`bench_one_batch` times its run after a warm-up")  # fmt: skip
     return shared
