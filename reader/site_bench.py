@@ -246,7 +246,7 @@ def _processes(data: dict) -> str:
     shared = ("each engine in a process of its own (minisgl's runners with their heap settings, HF under glibc's "
               "defaults), engines alternating between repetitions")  # fmt: skip
     if data.get("warm_up_before_each_run"):
-        # right after the probes and another engine's run, a prefill ran up to 16% slower (60.1 against 52.0 ms; run_rows)
+        # right after the probes and another engine's run, a prefill ran 16% slower (60.1 against 52.0 ms, run_rows)
         shared += (", each timed run right after an untimed prefill of the same workload in the same engine, as "
                    "`bench_one_batch` times its run after a warm-up")  # fmt: skip
     return shared
