@@ -313,7 +313,7 @@ def test_latency_chain_order(latency):
     assert {n.qname.rsplit(".", 1)[-1] for n in dispatch} == {
         "forward_extend",
         "forward_decode",
-        "init_forward_metadata",
+        "init_forward_metadata_out_graph",
     }
 
 

@@ -76,6 +76,18 @@ CONDITIONAL = {
             ),
             (
                 "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.prepare_replay",
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata_out_graph",
+            ),
+            (
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata_out_graph",
+                "minisgl.model_executor.forward_batch_info.ForwardMode.is_decode",
+            ),
+            (
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata_out_graph",
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._decode_metadata",
+            ),
+            (
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata_out_graph",
                 "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata",
             ),
             (

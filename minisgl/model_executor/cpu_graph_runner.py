@@ -147,7 +147,7 @@ class CPUGraphRunner:
         ``prepare_replay`` pads to the next captured batch size with padding requests in the same reserved
         ``req_to_token`` row and slot, and they attend.
         """
-        forward_batch.attn_backend.init_forward_metadata(forward_batch)
+        forward_batch.attn_backend.init_forward_metadata_out_graph(forward_batch)
         padding = 0
         if forward_batch.forward_mode.is_decode() and self.small_decode_rows:
             padding = max(0, self.small_decode_rows - forward_batch.batch_size)

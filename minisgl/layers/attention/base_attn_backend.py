@@ -1,9 +1,10 @@
 """AttentionBackend: the small interface every attention implementation provides.
 
 ``init_forward_metadata`` runs once per forward (not per layer) to turn the batch into whatever index
-tensors the kernels want; ``forward_extend`` / ``forward_decode`` write the new K/V into the pool and
-attend. SGLang's base class adds CUDA-graph capture/replay hooks, mixed and idle modes, and
-speculative-decoding verify paths.
+tensors the kernels want (``init_forward_metadata_out_graph`` before a compiled forward); ``forward_extend`` /
+``forward_decode`` write the new K/V into the pool and attend. SGLang's base class splits the metadata into an
+``_out_graph`` part (host work before a graph replay) and an ``_in_graph`` part (recorded into CUDA graphs) and
+adds capture/replay hooks, mixed and idle modes, and speculative-decoding verify paths.
 """
 
 from __future__ import annotations
@@ -21,6 +22,10 @@ if TYPE_CHECKING:
 class AttentionBackend(ABC):
     @abstractmethod
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None: ...
+
+    @abstractmethod
+    def init_forward_metadata_out_graph(self, forward_batch: ForwardBatch) -> None:
+        """The metadata for a compiled forward (``CPUGraphRunner``), built outside the graph before it runs."""
 
     def forward(
         self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, layer: RadixAttention, forward_batch: ForwardBatch

@@ -9,7 +9,8 @@ request). Decode is batched: each request's K/V are gathered up to the longest s
 query heads sharing a KV head ride along as extra query rows, and one SDPA call serves the batch (on CPU, a
 block of requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
 (``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain tensor ops that
-Inductor fuses, with the K/V write and the gathers, into the model's graph.
+Inductor fuses, with the K/V write and the gathers, into the model's graph (its positions padded to whole
+blocks by ``init_forward_metadata_out_graph``).
 
 SGLang's ``TorchNativeAttnBackend`` loops over requests in both modes; its Triton, FlashInfer and
 FlashAttention backends build ``kv_indptr``/``kv_indices`` (or page tables) from the same
@@ -37,6 +38,9 @@ if TYPE_CHECKING:
 # (eager decode on an AMD EPYC with a 32 MiB L3, ms/step, 4 -> 8 MiB: dummy134 bfloat16 8x128 15.6 -> 13.9,
 # 32x256 55.0 -> 52.1; SmolLM2 bfloat16 32x256 47.3 -> 45.7; dummy134 float32 32x256 49.8 -> 47.0).
 _CACHE_BLOCK_BYTES = 8 << 20
+# Positions per block of the compiled decode's V sum (see fused_decode_attention): 8 measured fastest of 4-16 for
+# dummy134's and SmolLM2's shapes.
+DECODE_POSITION_BLOCK = 8
 
 
 @dataclass
@@ -72,7 +76,8 @@ def fused_decode_attention(
 ) -> torch.Tensor:
     """Decode attention in plain tensor ops, for TorchInductor to fuse (``--enable-torch-compile``).
 
-    q: ``[batch, kv_heads, group, head_dim]``; kv_indices, valid: ``[batch, seq_len]``. Written naively
+    q: ``[batch, kv_heads, group, head_dim]``; kv_indices, valid: ``[batch, seq_len]``, seq_len a multiple of
+    ``DECODE_POSITION_BLOCK`` (``init_forward_metadata_out_graph`` pads it). Written naively
     (gather, product, sum), the K and V gathers fuse into the loops that consume them: the pool is read once,
     in place, accumulating in float32, with no gathered copy and no upcast pass. Returns q's shape and dtype.
     """
@@ -91,8 +96,17 @@ def fused_decode_attention(
     # at 600 (dummy134 float32, batch 1); the whole decode step, in-process A/B of two compiled engines, eight
     # alternating runs: dummy134 float32 batch 1, median ratio 0.95; SmolLM2 float32 batch 1 within noise.
     weights = (scores - scores.amax(1, keepdim=True)).exp()
-    values = v_buffer[kv_indices][:, :, :, None]
-    out = (weights[..., None] * values.float()).sum(1) / weights.sum(1)[..., None]
+    # The V sum runs over blocks of positions first, then over the blocks. Summed over all positions in one loop,
+    # Inductor walks the pool once per KV head and 16-float chunk of head_dim, each walk reading one cache line
+    # per position from rows a pool row apart; per block, a block's rows are read whole and the chunks find them
+    # in cache. This kernel alone, cold pool, us per layer: dummy134's shape, float32 batch 1, at 528 positions
+    # 143 -> 96, at 2000 716 -> 489; SmolLM2's at 2000 316 -> 240; dummy134's bfloat16 8x160 317 -> 215. The
+    # step, float32 batch 1, in-process A/B of two compiled engines, ms: dummy134 1x512 15.0 -> 14.1, 1x2000
+    # 20.9 -> 18.0; SmolLM2 1x512 17.9 -> 16.9.
+    batch, blocks = kv_indices.shape[0], kv_indices.shape[1] // DECODE_POSITION_BLOCK
+    values = v_buffer[kv_indices.view(batch, blocks, DECODE_POSITION_BLOCK)][..., None, :]
+    block_weights = weights.view(batch, blocks, DECODE_POSITION_BLOCK, *weights.shape[2:])[..., None]
+    out = (block_weights * values.float()).sum(2).sum(1) / weights.sum(1)[..., None]
     return out.to(q.dtype)
 
 
@@ -245,16 +259,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         return buffer[:numel].view(shape)
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
-        req_to_token = forward_batch.req_to_token_pool.req_to_token
-        rows = forward_batch.req_pool_indices
         if forward_batch.forward_mode.is_decode():
-            # The gathered table and its mask serve every layer, so they are built once per step.
-            max_len = int(forward_batch.seq_lens_cpu.max())
-            valid = torch.arange(max_len, device=rows.device) < forward_batch.seq_lens[:, None]
-            kv_indices = torch.where(valid, req_to_token[rows, :max_len], 0)
-            ragged = int(forward_batch.seq_lens_cpu.min()) != max_len
-            self.forward_metadata = DecodeMetadata(kv_indices, valid, ragged)
+            self.forward_metadata = self._decode_metadata(forward_batch, position_block=1)
             return
+        req_to_token, rows = forward_batch.req_to_token_pool.req_to_token, forward_batch.req_pool_indices
         kv_indices, masks, q_slices, start = [], [], [], 0
         seq_lens = forward_batch.seq_lens_cpu.tolist()
         for i, (prefix_len, extend_len) in enumerate(
@@ -271,6 +279,33 @@ class TorchNativeAttnBackend(AttentionBackend):
         prefix_lens, extend_lens = forward_batch.extend_prefix_lens_cpu, forward_batch.extend_seq_lens_cpu
         rectangular = not any(prefix_lens) and len(set(extend_lens)) == 1
         self.forward_metadata = ExtendMetadata(kv_indices, masks, q_slices, rectangular)
+
+    def init_forward_metadata_out_graph(self, forward_batch: ForwardBatch) -> None:
+        """The metadata a compiled forward reads: a decode's positions padded to ``DECODE_POSITION_BLOCK``, whole
+        blocks for ``fused_decode_attention``'s blocked V sum. Eager decodes keep their exact lengths, where a
+        padded position would cost SDPA a mask."""
+        if forward_batch.forward_mode.is_decode():
+            # At least two blocks: traced with one, dynamo specializes the graph to one block, and the first decode
+            # past DECODE_POSITION_BLOCK positions would compile the model again.
+            self.forward_metadata = self._decode_metadata(forward_batch, DECODE_POSITION_BLOCK, min_blocks=2)
+            return
+        self.init_forward_metadata(forward_batch)
+
+    @staticmethod
+    def _decode_metadata(forward_batch: ForwardBatch, position_block: int, min_blocks: int = 1) -> DecodeMetadata:
+        """Each request's KV slots, up to the longest sequence rounded up to whole blocks of ``position_block``
+        positions (at least ``min_blocks``).
+
+        The gathered table and its mask serve every layer, so they are built once per step. Padding positions
+        point at slot 0 and are masked out.
+        """
+        rows, seq_lens = forward_batch.req_pool_indices, forward_batch.seq_lens
+        max_len = int(forward_batch.seq_lens_cpu.max())
+        padded_len = max(-(-max_len // position_block), min_blocks) * position_block
+        slots = F.pad(forward_batch.req_to_token_pool.req_to_token[rows, :max_len], (0, padded_len - max_len))
+        valid = torch.arange(padded_len, device=rows.device) < seq_lens[:, None]
+        ragged = int(forward_batch.seq_lens_cpu.min()) != padded_len
+        return DecodeMetadata(torch.where(valid, slots, 0), valid, ragged)
 
     def forward_extend(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch) -> torch.Tensor:
         pool = forward_batch.token_to_kv_pool
