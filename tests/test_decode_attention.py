@@ -116,6 +116,6 @@ def test_compiled_decode_metadata_pads_positions_to_whole_blocks(longest):
     meta = backend.forward_metadata
     assert meta.kv_indices.shape == meta.valid.shape == (2, 2 * block) and meta.ragged
     assert meta.valid.sum(1).tolist() == seq_lens
-    for row, seq_len in zip(range(2), seq_lens):
+    for row, seq_len in enumerate(seq_lens):
         assert torch.equal(meta.kv_indices[row, :seq_len], req_to_token_pool.req_to_token[row + 1, :seq_len])
         assert not meta.kv_indices[row, seq_len:].any()
