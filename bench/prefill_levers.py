@@ -29,14 +29,14 @@ from engines import DTYPES, model_paths, run_minisgl
 from rich.console import Console
 from rich.table import Table
 
-import minisgl.layers.attention.torch_native_backend as backend_module
+import minisgl.layers.attention.tiled_prefill as tiled_prefill
 from minisgl.bench_one_batch import load_model
 from minisgl.models import llama
 from minisgl.server_args import ServerArgs
 from minisgl.utils.common import USER_MALLOC_SETTINGS
 
 LEVERS = {
-    "tiled attention": (backend_module, "TILED_PREFILL_DTYPES", frozenset()),
+    "tiled attention": (tiled_prefill, "TILED_PREFILL_DTYPES", frozenset()),
     "MLP blocks": (llama, "_MLP_BLOCK_BYTES", 1 << 62),
 }
 

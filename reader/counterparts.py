@@ -257,7 +257,7 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
     ),
     # SGLang's CPU extend kernel (sgl_kernel extend_attention_cpu) is C++ over the paged cache; minisgl's tiles
     # the causal attention of prompts with nothing cached onto oneDNN's batched matmul.
-    "minisgl.layers.attention.torch_native_backend.causal_prefill_attention": (
+    "minisgl.layers.attention.tiled_prefill.causal_prefill_attention": (
         "IntelAMXAttnBackend.forward_extend",
         "sglang/srt/layers/attention/intel_amx_backend.py",
     ),
@@ -564,7 +564,8 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.bench_utils": "SGLang's bench prints plain lines; rich progress, the summary table and whole-record appends are minisgl's",
     "minisgl.layers.attention.torch_native_backend.DecodeMetadata": "as ExtendMetadata",
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._decode_metadata": "as ExtendMetadata",
-    "minisgl.layers.attention.torch_native_backend._causal_bias": "helper of causal_prefill_attention; SGLang's C++ extend kernel masks inside its loops",
+    "minisgl.layers.attention.tiled_prefill.prefers_tiles": "SGLang's CPU extend always runs its one C++ kernel; minisgl picks tiles or SDPA per extend, by CPU, dtype and size",
+    "minisgl.layers.attention.tiled_prefill._causal_bias": "helper of causal_prefill_attention; SGLang's C++ extend kernel masks inside its loops",
     "minisgl.layers.attention.torch_native_backend.ExtendMetadata": "SGLang's torch-native backend keeps no metadata; its Triton/FlashInfer backends build kv_indptr/kv_indices in init_forward_metadata",
     "minisgl.layers.linear._new_param": "SGLang creates parameters through quantization methods (create_weights)",
     "minisgl.layers.linear.copy_checked": "SGLang asserts shapes inside each weight_loader",

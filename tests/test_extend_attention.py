@@ -15,6 +15,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import minisgl.layers.attention.tiled_prefill as tiled_prefill
 import minisgl.layers.attention.torch_native_backend as backend_module
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -48,9 +49,9 @@ def naive_extend_attention(q, k_buffer, v_buffer, slots_per_request, prefix_lens
     ids=["rectangular", "ragged", "prefixed", "one-prefixed"],
 )
 def test_extend_matches_naive_attention(dtype, heads, kv_heads, prefix_lens, extend_lens, attention_calls, monkeypatch):
-    monkeypatch.setattr(backend_module, "_QUERY_TILE", 4)
+    monkeypatch.setattr(tiled_prefill, "QUERY_TILE", 4)
     monkeypatch.setattr(
-        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+        tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
     gen = torch.Generator().manual_seed(0)
     batch, num_slots = len(extend_lens), 64
@@ -120,15 +121,15 @@ def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, p
     last block short): every boundary is crossed, eagerly and inside a compiled graph, and the matmul precision
     setting the op borrows is given back. Float32 stays float32 (1e-5 from a float64 reference)."""
     tokens, tile = 11, 4
-    monkeypatch.setattr(backend_module, "_QUERY_TILE", tile)
-    monkeypatch.setattr(backend_module, "_SCORE_BLOCK_BYTES", pairs_per_block * tile * heads // kv_heads * tokens * 4)
+    monkeypatch.setattr(tiled_prefill, "QUERY_TILE", tile)
+    monkeypatch.setattr(tiled_prefill, "_SCORE_BLOCK_BYTES", pairs_per_block * tile * heads // kv_heads * tokens * 4)
     gen = torch.Generator().manual_seed(0)
     requests, scale = 2, HEAD_DIM**-0.5
     q = torch.randn(requests, tokens, heads, HEAD_DIM, generator=gen).to(dtype)
     k, v = (torch.randn(requests, tokens, kv_heads, HEAD_DIM, generator=gen).to(dtype) for _ in range(2))
     precision = torch.backends.mkldnn.matmul.fp32_precision
 
-    out = backend_module.causal_prefill_attention(q, k, v, scale)
+    out = tiled_prefill.causal_prefill_attention(q, k, v, scale)
 
     assert torch.backends.mkldnn.matmul.fp32_precision == precision
     slots = [list(range(r * tokens, (r + 1) * tokens)) for r in range(requests)]
@@ -139,7 +140,7 @@ def test_causal_prefill_attention_matches_naive_across_blocks(heads, kv_heads, p
     assert out.dtype == dtype and out.shape == q.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
     torch.testing.assert_close(out.double().view(-1, heads, HEAD_DIM), expected, atol=tolerance, rtol=tolerance)
-    compiled = torch.compile(lambda q, k, v: backend_module.causal_prefill_attention(q, k, v, scale), fullgraph=True)
+    compiled = torch.compile(lambda q, k, v: tiled_prefill.causal_prefill_attention(q, k, v, scale), fullgraph=True)
     assert torch.equal(compiled(q, k, v), out)
 
 
@@ -152,7 +153,7 @@ def test_causal_prefill_attention_stays_float32_at_onednn_sizes(heads, kv_heads)
     q = torch.randn(requests, tokens, heads, head_dim, generator=gen)
     k, v = (torch.randn(requests, tokens, kv_heads, head_dim, generator=gen) for _ in range(2))
 
-    out = backend_module.causal_prefill_attention(q, k, v, head_dim**-0.5)
+    out = tiled_prefill.causal_prefill_attention(q, k, v, head_dim**-0.5)
 
     slots = [list(range(r * tokens, (r + 1) * tokens)) for r in range(requests)]
     expected = naive_extend_attention(

@@ -13,6 +13,7 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+import minisgl.layers.attention.tiled_prefill as tiled_prefill
 import minisgl.layers.attention.torch_native_backend as backend_module
 from minisgl.bench_one_batch import decode, extend
 from minisgl.configs.model_config import ModelConfig
@@ -143,7 +144,7 @@ LONG_PROMPTS = [[(7 * i + 3) % 300 + 1 for i in range(200)], [(11 * i + 5) % 300
 @pytest.mark.parametrize("prompts", [PROMPTS, LONG_PROMPTS[:1], LONG_PROMPTS], ids=["short", "long", "two-long"])
 def test_bfloat16_close_to_hf(tiny_llama, prompts, monkeypatch):
     monkeypatch.setattr(
-        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+        tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
     tiled, calls = backend_module.causal_prefill_attention, []
     monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append(1) or tiled(*a))
@@ -160,7 +161,7 @@ def test_bfloat16_close_to_hf(tiny_llama, prompts, monkeypatch):
 def test_float32_long_prompts_match_hf(tiny_llama, prompts, monkeypatch):
     """A float32 extend past one tile goes through causal_prefill_attention (the tiny Llama has grouped KV heads)
     and stays float32: HF's logits to 1e-4, as on every float32 path."""
-    monkeypatch.setattr(backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.float32}))
+    monkeypatch.setattr(tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.float32}))
     tiled, calls = backend_module.causal_prefill_attention, []
     monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: calls.append(1) or tiled(*a))
     logits, _ = run_greedy(make_runner(tiny_llama), prompts, steps=1)

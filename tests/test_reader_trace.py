@@ -138,7 +138,7 @@ def _find(node, qname):
 def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     import torch
 
-    import minisgl.layers.attention.torch_native_backend as backend_module
+    import minisgl.layers.attention.tiled_prefill as tiled_prefill
     from minisgl.bench_one_batch import decode, extend
     from minisgl.managers.schedule_batch import Req
     from minisgl.sampling.sampling_params import SamplingParams
@@ -161,9 +161,9 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
 
     # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit K/V, and a bfloat16
     # extend of more than one query tile (2 tokens here) attends through causal_prefill_attention.
-    monkeypatch.setattr(backend_module, "_QUERY_TILE", 2)
+    monkeypatch.setattr(tiled_prefill, "QUERY_TILE", 2)
     monkeypatch.setattr(
-        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+        tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
     runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
     executed: set[tuple[str, str]] = set()

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-import minisgl.layers.attention.torch_native_backend as backend_module
+import minisgl.layers.attention.tiled_prefill as tiled_prefill
 import minisgl.model_executor.cpu_graph_runner as cpu_graph_runner
 from minisgl.bench_one_batch import decode, extend
 from minisgl.layers.linear import min_packed_rows
@@ -141,7 +141,7 @@ def test_decode_over_max_bs_runs_eagerly(tiny_llama):
 
 def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
     monkeypatch.setattr(
-        backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
+        tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
@@ -164,7 +164,7 @@ def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
 def test_compiled_float32_long_prompt_matches_hf(tiny_llama, monkeypatch):
     """A compiled float32 extend past one tile calls the opaque causal_prefill_attention inside its graph (seen by
     the profiler) and matches HF to 1e-4, as eager float32 does."""
-    monkeypatch.setattr(backend_module, "TILED_PREFILL_DTYPES", frozenset({torch.float32}))
+    monkeypatch.setattr(tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.float32}))
     runner, calls = compiled_runner(tiny_llama)
     run_greedy(runner, LONG_PROMPTS[:1], steps=1)  # compiles (and traces the op's fake)
     runner.req_to_token_pool.clear()

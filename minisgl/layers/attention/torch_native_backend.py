@@ -4,8 +4,8 @@ Extend handles one request at a time, because each has its own prefix and length
 the cached prefix plus its own new tokens (causal). A request with no cached prefix attends to its new k
 and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (on CPUs without
 AMX, past one 128-token tile, such a request or batch attends in one ``causal_prefill_attention`` call instead:
-tiles of queries on oneDNN's batched matmul; bfloat16 always, float32 with grouped KV heads or for one
-request). Decode is batched: each request's K/V are gathered up to the longest sequence (padding masked), the
+tiles of queries on oneDNN's batched matmul, in ``tiled_prefill.py``; bfloat16 always, float32 with grouped KV
+heads or for one request). Decode is batched: each request's K/V are gathered up to the longest sequence (padding masked), the
 query heads sharing a KV head ride along as extra query rows, and one SDPA call serves the batch (on CPU, a
 block of requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
 (``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain tensor ops that
@@ -19,7 +19,6 @@ FlashAttention backends build ``kv_indptr``/``kv_indices`` (or page tables) from
 
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -28,6 +27,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
+from minisgl.layers.attention.tiled_prefill import causal_prefill_attention, prefers_tiles
 
 if TYPE_CHECKING:
     from minisgl.layers.radix_attention import RadixAttention
@@ -108,140 +108,6 @@ def fused_decode_attention(
     block_weights = weights.view(batch, blocks, DECODE_POSITION_BLOCK, *weights.shape[2:])[..., None]
     out = (block_weights * values.float()).sum(2).sum(1) / weights.sum(1)[..., None]
     return out.to(q.dtype)
-
-
-_QUERY_TILE = 128  # query tokens per block of causal prefill: keys past the tile's end are never computed
-_SCORE_BLOCK_BYTES = 2 << 20  # float32 scores per block of (request, KV head) pairs: kept in cache (L2/L3)
-
-
-def _onednn_bmm_keeps_float32() -> bool:
-    """Whether a float32 ``bmm`` under ``fp32_precision = "bf16"`` still multiplies in IEEE float32 here.
-
-    The setting allows oneDNN to round float32 inputs to bfloat16 (its bf16 "fpmath mode"); on an AVX-512 AMD
-    EPYC (Zen 5) it keeps float32. Probed once, on both of ``causal_prefill_attention``'s product layouts (keys
-    transposed, values plain), at a tile's size: ATen hands a float32 ``bmm`` to oneDNN only above 16**3
-    multiply-adds, and smaller ones run on MKL, which would pass whatever oneDNN does. Values that bfloat16
-    cannot hold: rounded, the products would be off by ~1e-3 to 1e-2, against a 1e-5 tolerance.
-    """
-    matmul = getattr(torch.backends.mkldnn, "matmul", None)
-    if not hasattr(matmul, "fp32_precision"):  # torch < 2.9
-        return False
-    a, b = torch.rand(2, 2, 128, 64, generator=torch.Generator().manual_seed(0)).unbind()
-    exact_scores = (a.double() @ b.double().transpose(1, 2)).float()
-    exact_values = (a.double().transpose(1, 2) @ b.double()).float()
-    precision = matmul.fp32_precision
-    matmul.fp32_precision = "bf16"
-    try:
-        scores = torch.bmm(a, b.transpose(1, 2))  # as q @ k^T
-        values = torch.bmm(a.transpose(1, 2).contiguous(), b)  # as probs @ v
-    finally:
-        matmul.fp32_precision = precision
-    pairs = ((scores, exact_scores), (values, exact_values))
-    return all(torch.allclose(got, exact, rtol=1e-5, atol=1e-5) for got, exact in pairs)
-
-
-def _tiled_prefill_dtypes() -> frozenset[torch.dtype]:
-    """The dtypes whose CPU causal prefill goes to ``causal_prefill_attention`` instead of SDPA.
-
-    Only where it was measured to win and keeps each dtype's precision: without AMX (SDPA's flash kernel
-    multiplies its blocks with AMX where present), with oneDNN's bfloat16 kernels (AVX512-BF16: the CPUs it was
-    measured on) and with torch's ``fp32_precision`` setting (torch 2.9+), which is what sends a float32 ``bmm``
-    to oneDNN rather than MKL; float32 also needs a oneDNN that keeps float32 under that setting.
-    """
-    has_precision_setting = hasattr(getattr(torch.backends.mkldnn, "matmul", None), "fp32_precision")
-    if (
-        torch.cpu._is_amx_tile_supported()
-        or not has_precision_setting
-        or not torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    ):
-        return frozenset()
-    return frozenset([torch.bfloat16, torch.float32] if _ONEDNN_KEEPS_FLOAT32 else [torch.bfloat16])
-
-
-_ONEDNN_KEEPS_FLOAT32 = _onednn_bmm_keeps_float32()
-TILED_PREFILL_DTYPES = _tiled_prefill_dtypes()
-
-
-@functools.cache
-def _causal_bias(tile: int, group: int, device: torch.device) -> torch.Tensor:
-    """The causal mask of a diagonal block, rows (token t, head j of the group) against keys, as an additive bias
-    (0 or -inf): a vectorized add is ~8x faster than ``masked_fill_``. Built once per shape, not per layer."""
-    position = torch.arange(tile, device=device)
-    future = position[None, :] > position.repeat_interleave(group)[:, None]
-    return torch.zeros(future.shape, dtype=torch.float32, device=device).masked_fill_(future, float("-inf"))
-
-
-@torch.library.custom_op("minisgl::causal_prefill_attention", mutates_args=())
-def causal_prefill_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    """Causal attention of bfloat16 or float32 requests with nothing cached, on oneDNN's batched matmul (CPU).
-
-    q: ``[requests, tokens, heads, head_dim]``; k, v: ``[requests, tokens, kv_heads, head_dim]``. The query heads
-    sharing a KV head become its rows, and queries go in tiles of ``_QUERY_TILE`` tokens, each scoring only the
-    keys up to its own last token. Without AMX, CPU SDPA's flash kernel multiplies its small blocks at ~70
-    GFLOP/s on an AVX-512 CPU; ``bmm`` hands whole tiles to oneDNN (SmolLM2 prefill on an AMD EPYC, eager,
-    in-process A/B, ms: bfloat16 1x512 246 -> 200, 8x128 382 -> 307, 32x256 3866 -> 3664; float32 1x512
-    371 -> 319, 1x256 169 -> 155, 8x128 616 -> 581; on a slower EPYC VM, ``bench/prefill_levers.py``, bfloat16 1x512
-    597 -> 598, 8x128 935 -> 880, 32x256 7329 -> 6842). The scores are float32 as in SDPA, and
-    ``fp32_precision = "bf16"`` routes their float32 ``bmm`` to oneDNN (by default it goes to MKL). oneDNN may
-    then multiply in bfloat16 (the setting allows it; on this AMD it keeps float32). That loses nothing for
-    bfloat16 requests, whose q and k are upcast, exact bfloat16 values (the scale goes on q only where that keeps
-    them exact), and their probabilities are rounded to bfloat16 for the product with V, as flash kernels do.
-    Float32 requests take oneDNN only where it keeps float32 (``_ONEDNN_KEEPS_FLOAT32``), else MKL, and stay
-    float32 throughout. An opaque op, so a compiled graph calls it as it is. SGLang's CPU backend runs a C++
-    kernel instead, ``sgl_kernel``'s ``extend_attention_cpu``, over the paged cache.
-    """
-    requests, tokens, heads, head_dim = q.shape
-    kv_heads = k.shape[2]
-    group, pairs = heads // kv_heads, requests * kv_heads
-    half = q.dtype != torch.float32
-    queries = torch.empty(requests, kv_heads, tokens, group, head_dim, dtype=torch.float32, device=q.device)
-    queries = queries.copy_(q.view(requests, tokens, kv_heads, group, head_dim).transpose(1, 2))
-    queries = queries.view(pairs, tokens * group, head_dim)
-    # A power-of-two scale (head_dim 64: 1/8) keeps q exact in bfloat16, so it goes on q; any other scale goes on
-    # the float32 scores, as oneDNN may round a scaled q to bfloat16 (the extra pass: ~2% of a SmolLM2 prefill).
-    # A float32 q is never rounded, so it takes any scale.
-    scale_queries = not half or math.frexp(scale)[0] == 0.5
-    if scale_queries:
-        queries.mul_(scale)
-    keys = torch.empty(requests, kv_heads, tokens, head_dim, dtype=torch.float32, device=q.device)
-    keys = keys.copy_(k.transpose(1, 2)).view(pairs, tokens, head_dim)
-    values = v.transpose(1, 2).reshape(pairs, tokens, head_dim)
-    out = torch.empty(requests, kv_heads, tokens, group, head_dim, dtype=q.dtype, device=q.device)
-    flat_out = out.view(pairs, tokens * group, head_dim)
-    tile = min(_QUERY_TILE, tokens)
-    causal_bias = _causal_bias(tile, group, q.device)
-    pairs_per_block = max(1, _SCORE_BLOCK_BYTES // (tile * group * tokens * 4))
-    # Scratch for every block, allocated once: the OS page-faults and zeroes each fresh large tensor.
-    scores_buffer = torch.empty(min(pairs_per_block, pairs) * tile * group * tokens, device=q.device)
-    probs_buffer = torch.empty_like(scores_buffer, dtype=q.dtype) if half else None
-    precision = torch.backends.mkldnn.matmul.fp32_precision
-    if half or _ONEDNN_KEEPS_FLOAT32:
-        torch.backends.mkldnn.matmul.fp32_precision = "bf16"
-    try:
-        for block_start in range(0, pairs, pairs_per_block):
-            block = slice(block_start, block_start + pairs_per_block)
-            block_size = min(pairs_per_block, pairs - block_start)
-            for start in range(0, tokens, tile):
-                end = min(tokens, start + tile)
-                rows = slice(start * group, end * group)
-                shape = (block_size, (end - start) * group, end)
-                scores = scores_buffer[: math.prod(shape)].view(shape)
-                torch.bmm(queries[block, rows], keys[block, :end].transpose(1, 2), out=scores)
-                if not scale_queries:
-                    scores.mul_(scale)
-                scores[:, :, start:end].add_(causal_bias[: (end - start) * group, : end - start])
-                probs = torch.softmax(scores, -1, out=scores)
-                if half:
-                    probs = probs_buffer[: scores.numel()].view(shape).copy_(probs)
-                torch.bmm(probs, values[block, :end], out=flat_out[block, rows])
-    finally:
-        torch.backends.mkldnn.matmul.fp32_precision = precision
-    return out.transpose(1, 2).contiguous().view(q.shape)  # contiguous, as the fake below promises a compiled graph
-
-
-@causal_prefill_attention.register_fake
-def _(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: float) -> torch.Tensor:
-    return q.new_empty(q.shape)
 
 
 class TorchNativeAttnBackend(AttentionBackend):
@@ -344,17 +210,10 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Attention over requests laid out ``[requests, tokens, heads, head_dim]``; causal when there is no mask.
 
         SDPA wants heads before tokens: the transposes are views. CPU SDPA takes its flash kernel only for
-        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal work of more than one query
-        tile in this call (requests x tokens) goes to ``causal_prefill_attention`` for the dtypes and CPUs where
-        that is faster (``TILED_PREFILL_DTYPES``; for one tile SDPA is as fast or faster).
+        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal work goes to
+        ``causal_prefill_attention`` instead where that is faster (``prefers_tiles``).
         """
-        tiled = q.device.type == "cpu" and q.dtype in TILED_PREFILL_DTYPES and mask is None
-        if tiled and q.dtype == torch.float32:
-            # Float32 tiles win where query heads share a KV head, whose rows then fold into one GEMM, or for one
-            # request; without that, a batch is faster on SDPA (dummy134 float32, in-process A/B, ms: 8x128
-            # 481 -> 510, 32x256 4464 -> 4749; 1x512 257 -> 233).
-            tiled = q.shape[2] > k.shape[2] or q.shape[0] == 1
-        if tiled and q.shape[:2].numel() > _QUERY_TILE:
+        if mask is None and prefers_tiles(q, k):
             return causal_prefill_attention(q, k, v, scale)
         out = F.scaled_dot_product_attention(
             q.transpose(1, 2),
