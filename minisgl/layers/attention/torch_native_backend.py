@@ -5,9 +5,9 @@ the cached prefix plus its own new tokens (causal). A request with no cached pre
 and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (on CPUs without
 AMX, past one 128-token tile, such a request or batch attends in one ``causal_prefill_attention`` call instead:
 tiles of queries on oneDNN's batched matmul, in ``tiled_prefill.py``; bfloat16 always, float32 with grouped KV
-heads or for one request). Decode is batched: each request's K/V are gathered up to the longest sequence (padding masked), the
-query heads sharing a KV head ride along as extra query rows, and one SDPA call serves the batch (on CPU, a
-block of requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
+heads or for one request). Decode is batched: each request's K/V are gathered up to the longest sequence
+(padding masked), the query heads sharing a KV head ride along as extra query rows, and one SDPA call serves
+the batch (on CPU, a block of requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
 (``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain tensor ops that
 Inductor fuses, with the K/V write and the gathers, into the model's graph (its positions padded to whole
 blocks by ``init_forward_metadata_out_graph``).
