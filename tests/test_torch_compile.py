@@ -220,10 +220,13 @@ def python_guards(compiled) -> list[str]:
 
     found = []
 
+    def add(guard):
+        found.extend(part.split("#")[0] for part in guard.verbose_code_parts())  # the code, not the comment
+
     def visit(manager):
         for guard in manager.get_leaf_guards():
             if isinstance(guard, LAMBDA_GUARD):
-                found.extend(part.split("#")[0] for part in guard.verbose_code_parts())  # the code, not the comment
+                add(guard)
         for child in manager.get_child_managers():
             visit(child)
 
@@ -231,7 +234,7 @@ def python_guards(compiled) -> list[str]:
         root = entry.guard_manager.root
         visit(root)
         for guard in root.get_epilogue_lambda_guards():  # the shape guards, checked after the tree's
-            found.extend(part.split("#")[0] for part in guard.verbose_code_parts())
+            add(guard)
     return found
 
 

@@ -61,7 +61,7 @@ def set_torch_compile_config() -> None:
     # two dtypes of one model) would exceed dynamo's default of 8 and silently fall back to eager.
     dynamo_config.cache_size_limit = dynamo_config.accumulated_cache_size_limit = 1024
     # The modules' float attributes (RMSNorm's epsilon, attention's scaling) become constants. Traced as symbolic
-    # floats, each is specialized again with a guard that runs in Python before every call (72 of them for
+    # floats, each is specialized again with a guard that runs in Python before every call (74 of them for
     # dummy134's 12 layers). With the KV pool static (CPUGraphRunner), dynamo's check before each compiled batch-1
     # float32 decode, profiled: SmolLM2 422 -> 234 us, dummy134 247 -> 193 us, of a 12-17 ms step.
     dynamo_config.specialize_float = True
