@@ -1,5 +1,5 @@
-"""SiluAndMul: ``silu(gate) * up`` on the fused gate_up output, which it overwrites (SGLang uses a fused kernel on
-GPUs)."""
+"""SiluAndMul: ``silu(gate) * up`` on the fused gate_up output, which it overwrites when run eagerly (SGLang uses a
+fused kernel on GPUs)."""
 
 from __future__ import annotations
 
@@ -11,5 +11,11 @@ from torch import nn
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         gate, up = x.chunk(2, dim=-1)
-        # silu in place on the gate half of the (temporary) gate_up output: one activation-sized tensor fewer.
+        if torch.compiler.is_compiling():
+            # Traced, an in-place silu on a view of x becomes a write back into x, and Inductor's fused kernel then
+            # builds int64 index masks for every vector to tell the gate half from the rest. Out of place it is one
+            # plain loop (compiled, in-process A/B of two engines: SmolLM2 bfloat16 1x512 prefill
+            # 234.2 -> 216.0 ms; dummy134 bfloat16 8x128 prefill 313.3 -> 302.9 ms, decode 13.35 -> 12.16 ms/step).
+            return F.silu(gate) * up
+        # Eagerly, silu in place on the gate half of the (temporary) gate_up output: one activation-sized tensor fewer.
         return torch.mul(F.silu(gate, inplace=True), up)
