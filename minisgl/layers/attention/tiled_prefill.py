@@ -15,11 +15,11 @@ import math
 import torch
 
 QUERY_TILE = 128  # query tokens per block of causal prefill: keys past the tile's end are never computed
-# Float32 scores per block of (request, KV head) pairs: kept inside a CPU's L3, in as few blocks (each one
-# batched matmul per tile, two threads splitting its pairs) as that allows. Eager prefill, in-process A/B on
-# an AMD EPYC with a 32 MiB L3, 2 -> 8 MiB, ms: SmolLM2 bfloat16 1x512 258.5 -> 243.4, 32x256 3313 -> 3172,
-# 8x128 373.5 -> 377.1 (noise); dummy134 bfloat16 1x512 162.4 -> 158.7; compiled SmolLM2 bfloat16 1x512
-# 229.8 -> 223.7.
+# Float32 scores per block of (request, KV head) pairs: kept inside a CPU's L3. Each block costs two batched
+# matmuls, a softmax and a copy per query tile, so within that, the fewer blocks the better. Eager prefill,
+# in-process A/B on an AMD EPYC with a 32 MiB L3, 2 -> 8 MiB, ms: SmolLM2 bfloat16 1x512 258.5 -> 243.4,
+# 32x256 3313 -> 3172, 8x128 373.5 -> 377.1 (noise); dummy134 bfloat16 1x512 162.4 -> 158.7; compiled SmolLM2
+# bfloat16 1x512 229.8 -> 223.7.
 _SCORE_BLOCK_BYTES = 8 << 20
 
 
