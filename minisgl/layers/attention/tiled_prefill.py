@@ -74,8 +74,8 @@ TILED_PREFILL_DTYPES = _tiled_prefill_dtypes()
 def prefers_tiles(q: torch.Tensor, k: torch.Tensor) -> bool:
     """Whether causal attention over q, k ``[requests, tokens, heads, head_dim]`` is faster in
     ``causal_prefill_attention`` than in SDPA: on CPU, in the dtypes of ``TILED_PREFILL_DTYPES``, for more than one
-    query tile of work (requests x tokens; for one tile SDPA is as fast or faster). Checked in this order so that a
-    compiled graph guards on the length only where the length decides."""
+    query tile of work (requests x tokens; for one tile SDPA is about as fast in bfloat16 and faster in float32).
+    Checked in this order so that a compiled graph guards on the length only where the length decides."""
     if q.device.type != "cpu" or q.dtype not in TILED_PREFILL_DTYPES:
         return False
     if q.dtype == torch.float32 and q.shape[2] == k.shape[2] and q.shape[0] != 1:
