@@ -177,6 +177,16 @@ def decode_bytes(model) -> int:
     return total if tied else total - embed.numel() * embed.element_size()
 
 
+def decode_kv_bytes(model, batch: int, input_len: int, output_len: int) -> float:
+    """Bytes of cached keys and values a decode step attends over, every layer, averaged over the timed steps: step
+    ``i`` (from 0; ``output_len - 1`` of them) reads ``input_len + i + 1`` positions per request, ``input_len +
+    output_len / 2`` on average. Not part of the floor, which counts the weights only (issue #5's definition)."""
+    cfg = model.config
+    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
+    per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
+    return batch * per_position * (input_len + output_len / 2)
+
+
 def summarize(values):
     """Median, min and max of a row's repetitions, and the repetitions themselves in the order they ran."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "samples": values}
@@ -296,6 +306,7 @@ def run_rows(args, device: torch.device, engines: dict, model_name: str, dtype_n
             row["prefill_attention_s"] = summarize([part[1] for part in prefill_parts])
         row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(counted, b, i), decode_bytes(counted)
         row["prefill_attention_flops"] = prefill_attention_flops(counted, b, i)
+        row["decode_kv_bytes"] = decode_kv_bytes(counted, b, i, o)
         row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
         row["read_bandwidth_samples"] = row_bandwidths
         row["matmul_peak_flops"], row["matmul_peak_samples"] = statistics.median(row_peaks), row_peaks

@@ -109,6 +109,33 @@ def test_prefill_parts_compute_what_the_prefill_flops_count(perf, engines, model
     assert flops == perf.prefill_attention_flops(hf, batch, input_len) and q_shape[3] == head_dim
 
 
+@pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2"])  # grouped KV heads in tiny_qwen2
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_decode_kv_bytes_are_what_the_timed_decode_steps_attend_over(perf, engines, model, dtype, request, monkeypatch):
+    """The K/V count beside the floor equals what minisgl's decode attention reads in a bench run: per call, every
+    request's positions so far, keys and values of the layer's KV heads, in the pool's dtype."""
+    from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+
+    path = request.getfixturevalue(model)
+    with contextlib.redirect_stdout(io.StringIO()):
+        runner, _ = load_model(ServerArgs(model_path=path, dtype=dtype, max_total_tokens=256), 0)
+    read = []
+    forward_decode = TorchNativeAttnBackend.forward_decode
+
+    def counting(self, q, k, v, layer, forward_batch):
+        pool = forward_batch.token_to_kv_pool.get_key_buffer(layer.layer_id)
+        per_position = 2 * layer.tp_k_head_num * layer.head_dim * pool.element_size()
+        read.append(int(forward_batch.seq_lens.sum()) * per_position)
+        return forward_decode(self, q, k, v, layer, forward_batch)
+
+    monkeypatch.setattr(TorchNativeAttnBackend, "forward_decode", counting)
+    batch, input_len, output_len = 2, 24, 5
+    engines.run_minisgl(runner, batch, input_len, output_len, runner.torch_runner.model_config.vocab_size)
+    counted = engines.meta_model(path, getattr(torch, dtype))
+    assert len(read) == (output_len - 1) * counted.config.num_hidden_layers
+    assert sum(read) / (output_len - 1) == perf.decode_kv_bytes(counted, batch, input_len, output_len)
+
+
 @pytest.mark.parametrize("model", ["tiny_llama", "tiny_qwen2", "smollm2"])
 def test_counts_from_the_config_equal_the_loaded_models(perf, engines, model, request):
     """The parent counts FLOPs and weight bytes on a meta-device model built from the config alone: they equal the

@@ -193,14 +193,16 @@ def test_bench_decode_breakdown_splits_each_step_at_the_linears():
            "decode_linears_read_rate": 400e6 / 0.020,
            "decode_linears_flop_rate": 2 * 1 * 100e6 / 0.020, "minisgl_decode_s": {"median": 0.030},
            "compiled_decode_s": {"median": 0.025}}  # fmt: skip
-    lines = _decode_breakdown([row])
+    lines = _decode_breakdown([row, {**row, "decode_kv_bytes": 100e6}])
     assert "minisgl step ms (rest)" in lines[0] and "minisgl --enable-torch-compile step ms (rest)" in lines[0]
+    assert "| floor ms | K/V read ms |" in lines[0]
     # the row's own bandwidth and peak: floor 400 MB / 40 GB/s = 10 ms; the linears read at 20 GB/s, half
     # the bandwidth, and do 2 * 1e8 float32 weights * 1 row in 20 ms = 10 GFLOP/s, a tenth of the peak;
-    # rest = step - 20 ms
+    # rest = step - 20 ms. Results from before the K/V count leave its cell empty; 100 MB of cache is 2.5 ms.
     assert lines[1] == (
-        "| m | float32 | 1, 128, 32 | 40 | 10.0 | 20.0 | 20.0 GB/s (50%) | 10 GFLOP/s (10%) | 30.0 (10.0) | 25.0 (5.0) |\n"
+        "| m | float32 | 1, 128, 32 | 40 | 10.0 | - | 20.0 | 20.0 GB/s (50%) | 10 GFLOP/s (10%) | 30.0 (10.0) | 25.0 (5.0) |\n"
     )
+    assert lines[2] == lines[1].replace("| - |", "| 2.5 |")
 
 
 def test_bench_prefill_breakdown_splits_each_prefill_at_linears_and_attention():
