@@ -113,7 +113,7 @@ def _decode_breakdown(rows: list[dict]) -> list[str]:
         return _workload(r) + [
             f"{bandwidth / 1e9:.0f}", f"{r['decode_bytes'] / bandwidth * 1e3:.1f}", kv,
             f"{r['decode_linears_s']['median'] * 1e3:.1f}",
-            f"{rate / 1e9:.1f} GB/s ({rate / r['read_bandwidth_bytes']:.0%})",
+            f"{rate / 1e9:.1f} GB/s ({rate / bandwidth:.0%})",
             f"{flops / 1e9:.0f} GFLOP/s ({flops / peak:.0%})",
         ]  # fmt: skip
 
