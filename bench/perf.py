@@ -51,6 +51,7 @@ from rich.console import Console
 from rich.table import Table
 
 from minisgl.bench_utils import OneLineErrorParser
+from minisgl.configs.model_config import ModelConfig
 from minisgl.layers.linear import apply_linear, min_packed_rows, mkl_gemv_is_faster, prepack_weight
 from minisgl.utils.common import InputError, keep_freed_cpu_memory, resolve_device, write_whole
 
@@ -181,9 +182,8 @@ def decode_kv_bytes(model, batch: int, input_len: int, output_len: int) -> float
     """Bytes of cached keys and values a decode step attends over, every layer, averaged over the timed steps: step
     ``i`` (from 0; ``output_len - 1`` of them) reads ``input_len + i + 1`` positions per request, ``input_len +
     output_len / 2`` on average. Not part of the floor, which counts the weights only (issue #5's definition)."""
-    cfg = model.config
-    head_dim = getattr(cfg, "head_dim", None) or cfg.hidden_size // cfg.num_attention_heads
-    per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * head_dim * model.dtype.itemsize
+    cfg = ModelConfig.from_hf_config(model.config, model.dtype)  # its head_dim and KV-head defaults, as minisgl's
+    per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * cfg.dtype.itemsize
     return batch * per_position * (input_len + output_len / 2)
 
 
