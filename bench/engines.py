@@ -265,7 +265,7 @@ class Engine:
 def serve(name: str, device: str, conn: Connection) -> None:
     """An engine process's loop: ``(method, *args)`` requests in, ``(status, value)`` answers out, until exit."""
     engine = Engine(name, torch.device(device))
-    if engine.device.type == "cuda":
+    if engine.device.type == "cuda" and engine.device.index is not None:  # plain "cuda" is the current one
         torch.cuda.set_device(engine.device)  # cuda:N's graphs and streams are captured on the current device
     while (request := conn.recv())[0] != "exit":
         method, *args = request

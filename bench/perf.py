@@ -86,9 +86,10 @@ def matmul_peak(device: torch.device = CPU, dtype: torch.dtype = torch.float32, 
     return 2 * size**3 / min(best_time(plain, reps, device), best_time(onednn, reps, device))
 
 
-def machine_peaks(device: torch.device = CPU, reps: int = 5) -> dict:
-    """``matmul_float32_flops`` and ``matmul_bfloat16_flops``: ``matmul_peak`` of each dtype."""
-    return {f"matmul_{name}_flops": matmul_peak(device, dtype, reps) for name, dtype in DTYPES.items()}
+def machine_peaks(device: torch.device = CPU, dtypes=tuple(DTYPES), reps: int = 5) -> dict:
+    """``matmul_float32_flops`` and/or ``matmul_bfloat16_flops``: ``matmul_peak`` of each dtype the run measures.
+    Only those: on a CPU without AVX-512, one 2048-square bfloat16 product took 55 s (an AMD EPYC with AVX2 only)."""
+    return {f"matmul_{name}_flops": matmul_peak(device, DTYPES[name], reps) for name in dtypes}
 
 
 @hands_back_gpu_memory
@@ -249,7 +250,7 @@ def cli(argv: list[str] | None = None) -> int:
 def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     keep_freed_cpu_memory()  # for the probes here only: settings made in this process do not reach spawned engines
     commit = source_commit()  # before the run: the tree an hour-long run measured is the one it started from
-    peaks, bandwidths = machine_peaks(device), [read_bandwidth(device)]
+    peaks, bandwidths = machine_peaks(device, args.dtypes), [read_bandwidth(device)]
     paths = model_paths(args.models, scratch)
     max_tokens = max(b * (i + o) for b, i, o in args.workloads) + 64  # the KV pool every workload fits in
     rows = []
@@ -263,13 +264,15 @@ def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
                 for engine in engines.values():  # every engine's weights go before the next load
                     engine.call("unload")
     # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
-    after = machine_peaks(device)
+    after = machine_peaks(device, args.dtypes)
     peaks = {key: max(value, after[key]) for key, value in peaks.items()}
     bandwidths += [b for row in rows for b in row["read_bandwidth_samples"]] + [read_bandwidth(device)]
     peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = statistics.median(bandwidths), bandwidths
     print_table(rows, peaks)
+    # minisgl's eager engine replays its decodes from CUDA graphs on CUDA (ServerArgs' default there)
     results = {"commit": commit, "machine": machine_info(device), "device": device.type, "process_per_engine": True,
-               "warm_up_before_each_run": True, "peaks": peaks, "rows": rows}  # fmt: skip
+               "warm_up_before_each_run": True, "minisgl_cuda_graph": device.type == "cuda", "peaks": peaks,
+               "rows": rows}  # fmt: skip
     write_whole(args.output, lambda f: json.dump(results, f, indent=1))
     print(f"written {args.output}")
 
@@ -350,8 +353,12 @@ def add_roofline_shares(row: dict) -> None:
 
 
 def print_table(rows, peaks) -> None:
-    table = Table(title=(f"matmul peak fp32 {peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, "
-                         f"bf16 {peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s (the run's best); "
+    matmul = ", ".join(
+        f"{short} {peaks[f'matmul_{name}_flops'] / 1e9:.0f} GFLOP/s"
+        for name, short in (("float32", "fp32"), ("bfloat16", "bf16"))
+        if f"matmul_{name}_flops" in peaks
+    )
+    table = Table(title=(f"matmul peak {matmul} (the run's best); "
                          f"read bandwidth {peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s (median); each row's "
                          "shares use its own samples of both"))  # fmt: skip
     engines = [e for e in ENGINES if rows and f"{e}_prefill_s" in rows[0]]

@@ -338,6 +338,8 @@ def main(server_args: ServerArgs, bench_args: BenchArgs):
     if server_args.model_path is None:
         server_args.model_path = default_model_path()
     check_args(server_args, bench_args, get_config(server_args.model_path))
+    # as SGLang's bench: on CUDA, graphs are captured for the batch sizes this run decodes and no larger
+    server_args.cuda_graph_max_bs = max(bench_args.batch_size)
     if server_args.tp_size == 1:
         return work(server_args, bench_args)
     return launch_tp(work, server_args, bench_args)

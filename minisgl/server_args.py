@@ -14,8 +14,8 @@ from minisgl.utils.common import InputError
 
 # SGLang flags a user may bring over from an SGLang command line; minisgl refuses each one by name.
 UNSUPPORTED_SGLANG_FLAGS = (
-    "--kv-cache-dtype", "--quantization", "--disable-cuda-graph",
-    "--cuda-graph-max-bs", "--trust-remote-code", "--context-length", "--chunked-prefill-size",
+    "--kv-cache-dtype", "--quantization", "--cuda-graph-bs", "--trust-remote-code", "--context-length",
+    "--chunked-prefill-size",
     "--max-running-requests", "--enable-dp-attention", "--dp-size", "--ep-size", "--nnodes",
     "--node-rank", "--dist-init-addr", "--sampling-backend", "--disable-radix-cache",
     "--prefill-attention-backend", "--decode-attention-backend", "--tokenizer-mode", "--pp-size",
@@ -46,6 +46,8 @@ class ServerArgs:
     random_seed: int = 42
     enable_torch_compile: bool = False
     torch_compile_max_bs: int = 32
+    disable_cuda_graph: bool = False
+    cuda_graph_max_bs: int = 32
     log_level: str = "info"
 
     @staticmethod
@@ -97,6 +99,13 @@ class ServerArgs:
             help="compile the model forward with torch.compile (the first batch of each mode compiles)",
         )
         add("--torch-compile-max-bs", type=int, default=32, help="largest decode batch run compiled")
+        add("--disable-cuda-graph", action="store_true", help="on CUDA, run every decode eagerly (no graph replay)")
+        add(
+            "--cuda-graph-max-bs",
+            type=int,
+            default=32,
+            help="largest decode batch replayed from a CUDA graph (bench_one_batch: the largest --batch-size)",
+        )
         add("--log-level", type=str, default="info", help="python logging level")
         for flag in UNSUPPORTED_SGLANG_FLAGS:
             add(flag, action=_Refuse, nargs="?", help=argparse.SUPPRESS)
@@ -115,5 +124,7 @@ class ServerArgs:
             raise InputError(f"--mem-fraction-static must be in (0, 1), got {self.mem_fraction_static}")
         if self.torch_compile_max_bs < 1:
             raise InputError(f"--torch-compile-max-bs must be at least 1, got {self.torch_compile_max_bs}")
+        if self.cuda_graph_max_bs < 1:
+            raise InputError(f"--cuda-graph-max-bs must be at least 1, got {self.cuda_graph_max_bs}")
         if self.max_total_tokens is not None and self.max_total_tokens < 1:
             raise InputError(f"--max-total-tokens must be positive, got {self.max_total_tokens}")

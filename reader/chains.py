@@ -2,7 +2,8 @@
 
 ``build_chain(name)`` walks the resolved calls depth-first in call order from the entry function. Each node
 carries the callee's qualified name, file and line span. A function already expanded elsewhere in the tree
-is shown again but cut (``repeat``); a call back into a function on the current path is cut (``cycle``).
+is shown again but cut (``repeat``); a call back into a function on the current path is cut (``cycle``); a call
+in ``DEFERRED`` is cut where it is met and expanded where it is met next (``deferred``).
 A call to an abstract method lists the concrete overrides of indexed subclasses as ``dispatch`` children.
 
 Chains: ``latency`` and ``correctness`` start at ``latency_test`` / ``correctness_test``; ``profile`` is the
@@ -29,11 +30,17 @@ PROFILE_HELPERS = ("minisgl.utils.profile_utils.start_profile", "minisgl.utils.p
 # Types the source cannot state: ``ModelRunner.model`` comes from a registry (``get_model -> nn.Module``).
 # Calls resolved through a hint are marked ``via="hint"``.
 HINTS = {"minisgl.model_executor.model_runner.ModelRunner.model": "minisgl.models.llama.LlamaForCausalLM"}
+# (caller, callee) calls shown but not expanded there (``deferred``): a CUDA graph capture runs the model's forward
+# at load, before any request exists; the chain expands that forward where the first extend calls it.
+DEFERRED = {
+    ("minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture_one_shape",
+     "minisgl.models.llama.LlamaForCausalLM.forward"),
+}  # fmt: skip
 
 
 @dataclass
 class Node:
-    """One call in a chain; ``marker`` is ``""``, ``"repeat"`` or ``"cycle"``."""
+    """One call in a chain; ``marker`` is ``""``, ``"repeat"``, ``"cycle"`` or ``"deferred"``."""
 
     qname: str
     file: Path
@@ -79,6 +86,9 @@ def build_tree(index: Index, resolver: Resolver, entry: str) -> tuple[Node, list
             return node
         if qname in stack:
             node.marker = "cycle"
+            return node
+        if stack and (stack[-1], qname) in DEFERRED:
+            node.marker = "deferred"
             return node
         if qname in expanded:
             node.marker = "repeat"

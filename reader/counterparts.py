@@ -273,6 +273,72 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "IntelAMXAttnBackend.init_forward_metadata_capture_cpu_graph",
         "sglang/srt/layers/attention/intel_amx_backend.py",
     ),
+    "minisgl.model_executor.runner.base_runner.BaseRunner": (
+        "BaseRunner",
+        "sglang/srt/model_executor/runner/base_runner.py",
+    ),
+    "minisgl.model_executor.runner.base_runner.BaseRunner.can_run_graph": (
+        "BaseRunner.can_run_graph",
+        "sglang/srt/model_executor/runner/base_runner.py",
+    ),
+    "minisgl.model_executor.runner.base_runner.BaseRunner.execute": (
+        "BaseRunner.execute",
+        "sglang/srt/model_executor/runner/base_runner.py",
+    ),
+    "minisgl.model_executor.model_runner.ModelRunner.init_decode_cuda_graph": (
+        "ModelRunner.init_decode_cuda_graph",
+        "sglang/srt/model_executor/model_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner": (
+        "DecodeCudaGraphRunner",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.__init__": (
+        "DecodeCudaGraphRunner.__init__",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.can_run_graph": (
+        "DecodeCudaGraphRunner.can_run_graph",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture": (
+        "DecodeCudaGraphRunner.capture",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.capture_one_shape": (
+        "DecodeCudaGraphRunner.capture_one_shape",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.load_batch": (
+        "DecodeCudaGraphRunner.load_batch",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner.execute": (
+        "DecodeCudaGraphRunner.execute",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner._static_batch": (
+        "DecodeCudaGraphRunner.capture_prepare",
+        "sglang/srt/model_executor/runner/decode_cuda_graph_runner.py",
+    ),
+    # the recording itself: two warm-ups outside the graph, then the capture into the shared memory pool
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.DecodeCudaGraphRunner._record": (
+        "FullCudaGraphBackend.capture_one",
+        "sglang/srt/model_executor/runner_backend/full_cuda_graph_backend.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.generate_decode_cuda_graph_batch_sizes": (
+        "ServerArgs._generate_decode_cuda_graph_batch_sizes",
+        "sglang/srt/server_args.py",
+    ),
+    "minisgl.model_executor.runner.decode_cuda_graph_runner._pad_to_bucket": (
+        "BaseCudaGraphRunner._pad_to_bucket",
+        "sglang/srt/model_executor/runner/base_cuda_graph_runner.py",
+    ),
+    # SGLang's hook for state a warm-up left behind; minisgl's rotary table is that state
+    "minisgl.layers.rotary_embedding.RotaryEmbedding.forget_lookup": (
+        "AttentionBackend.on_after_cuda_graph_warmup",
+        "sglang/srt/layers/attention/base_attn_backend.py",
+    ),
     "minisgl.model_executor.cpu_graph_runner.CPUGraphRunner.prepare_replay": (
         "CPUGraphRunner.prepare_replay",
         "sglang/srt/model_executor/cpu_graph_runner.py",
@@ -549,6 +615,8 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
 
 # Pieces with no counterpart, and why. A key may name a module: it covers everything inside.
 NO_COUNTERPART: dict[str, str] = {
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.get_seq_lens_to_capture": "SGLang's decode graphs bake in no sequence length (FlashInfer/Triton read lengths from kv_indptr in static buffers); minisgl's gathered decode fixes a padded length per graph",
+    "minisgl.model_executor.runner.decode_cuda_graph_runner.uses_cuda_graphs": "SGLang decides inline in ModelRunner.init_decode_cuda_graph (check_cuda_graph_backend, and CPU graphs only with torch.compile)",
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._workspace": "SGLang's torch-native backend gathers into fresh tensors; its GPU backends never gather",
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather": "SGLang's torch-native backend indexes k_cache[per_req_tokens] inline, one request at a time",
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather_kv": "as _gather; SGLang's CPU backend (intel_amx) reads K/V by slot inside its C++ decode kernel instead",
@@ -563,7 +631,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.bench_plot": "SGLang's bench writes results only; the chart is minisgl's",
     "minisgl.bench_utils": "SGLang's bench prints plain lines; rich progress, the summary table and whole-record appends are minisgl's",
     "minisgl.layers.attention.torch_native_backend.DecodeMetadata": "as ExtendMetadata",
-    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._decode_metadata": "as ExtendMetadata",
+    "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.decode_metadata": "as ExtendMetadata",
     "minisgl.layers.attention.tiled_prefill.prefers_tiles": "SGLang's CPU extend always runs its one C++ kernel; minisgl picks tiles or SDPA per extend, by CPU, dtype and size",
     "minisgl.layers.attention.tiled_prefill._causal_bias": "helper of causal_prefill_attention; SGLang's C++ extend kernel masks inside its loops",
     "minisgl.layers.attention.torch_native_backend.ExtendMetadata": "SGLang's torch-native backend keeps no metadata; its Triton/FlashInfer backends build kv_indptr/kv_indices in init_forward_metadata",

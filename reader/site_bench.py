@@ -1,5 +1,5 @@
 """The benchmark results page: the table of ``bench/results.json`` and an SVG chart of the speedups, and beside them
-the same benchmark on CUDA (``bench/results-cuda.json``, from ``bench/cuda.sh`` on a GPU machine) when it exists.
+the same benchmark on CUDA (``bench/results-cuda*.json``, from ``bench/cuda.sh`` on a GPU machine) when there.
 
 The chart is drawn with matplotlib into SVG text with a fixed hash salt and no date, so regenerating it
 from the same results gives the same bytes and ``reader check`` can tell a stale page from a fresh one.
@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import io
 import json
+from pathlib import Path
 
 from reader.views import REPO_ROOT
 
@@ -171,6 +172,12 @@ def chart_svg(rows: list[dict]) -> str:
     return buffer.getvalue()
 
 
+def _matmul_peaks(peaks: dict, unit: float, name: str) -> str:
+    """The matmul peak of each dtype the run measured (``bench/perf.py --dtypes`` measures only those)."""
+    values = {d: peaks[f"matmul_{d}_flops"] / unit for d in ("float32", "bfloat16") if f"matmul_{d}_flops" in peaks}
+    return ", ".join(f"{d} {v:.{1 if v < 100 else 0}f} {name}" for d, v in values.items())
+
+
 def _bandwidth(peaks: dict) -> str:
     samples = peaks["read_bandwidth_samples"]
     return (f"{peaks['read_bandwidth_bytes'] / 1e9:.1f} GB/s "
@@ -217,25 +224,64 @@ def _machine(machine: dict | None) -> str:
     )
 
 
+def _cuda_runs() -> list[Path]:
+    """``bench/results-cuda.json`` and the runs beside it (``results-cuda-<what>.json``, say a compiled run of one
+    model that a GPU lease had time for), the full run first."""
+    return sorted(RESULTS_CUDA.parent.glob(f"{RESULTS_CUDA.stem}*.json"), key=lambda p: (p != RESULTS_CUDA, p.name))
+
+
 def _cuda_section() -> list[str]:
-    """The CUDA run's tables, or the command that makes them."""
+    """Each CUDA run's tables, or the command that makes them."""
     out = ["\n## On CUDA {#cuda}\n\n"]
     run_it = f"On a machine with an NVIDIA GPU:\n\n```bash\n{CUDA_COMMAND}\n```\n"
-    if not RESULTS_CUDA.exists():
+    runs = _cuda_runs()
+    if not runs:
         return out + [f"No CUDA results yet. {run_it}"]
-    data = json.loads(RESULTS_CUDA.read_text())
+    for path in runs:
+        out += _cuda_run(path, run_it, several=len(runs) > 1)
+    return out
+
+
+def _cuda_run(path: Path, run_it: str, several: bool) -> list[str]:
+    """One CUDA run: the GPU, its peaks, how far decode is from the weights' read time, and each engine's table."""
+    data = json.loads(path.read_text())
     if data.get("device") != "cuda":  # a rehearsal of the script on a CPU (DEVICE=cpu), copied by mistake
-        return out + [f"`bench/results-cuda.json` holds a run on {data.get('device', 'cpu')}, not on CUDA. {run_it}"]
+        return [f"`bench/{path.name}` holds a run on {data.get('device', 'cpu')}, not on CUDA. {run_it}"]
     rows, peaks, machine = data["rows"], data["peaks"], data["machine"]
+    engines = _engines(rows)
+    level = "###" if several else "##"
+    out = []
+    if several:
+        models = ", ".join(dict.fromkeys(r["model"] for r in rows))
+        out.append(f"\n### `bench/{path.name}`: {models}; {', '.join(ENGINES[e][0] for e in engines)}, HF\n\n")
     out.append(
         f"{_commit(data)}The same benchmark with `--device cuda`: measured on {machine['gpu']} (CUDA {machine['cuda']}, torch "
         f"{machine['torch']}). `smollm2-shape` is SmolLM2-135M's architecture with random weights (a GPU machine "
         "without network cannot fetch the GGUF; the timings are the same). Peaks (cuBLAS, 8192-square products): "
-        f"float32 {peaks['matmul_float32_flops'] / 1e12:.1f} TFLOP/s, bfloat16 "
-        f"{peaks['matmul_bfloat16_flops'] / 1e12:.0f} TFLOP/s; read bandwidth {_bandwidth(peaks)}.\n"
+        f"{_matmul_peaks(peaks, 1e12, 'TFLOP/s')}; read bandwidth {_bandwidth(peaks)}.\n"
     )
-    for engine in _engines(rows):
-        out.append(f"\n### {ENGINES[engine][0]}, CUDA\n\n")
+    # The decode linears are timed as a captured CUDA graph's replay (bench/engines.py): against a step, their
+    # share says how much of the step is the GPU reading weights rather than kernels waiting to be launched.
+    shares = [r["decode_linears_s"]["median"] / r[f"{e}_decode_s"]["median"] for r in rows for e in engines]
+    span = f"{min(shares):.0%}-{max(shares):.0%}"
+    if data.get("minisgl_cuda_graph"):
+        out.append(
+            "\nminisgl replays each decode step from a CUDA graph (`DecodeCudaGraphRunner`, one graph per batch size "
+            "and padded length, captured at load, as SGLang's `DecodeCudaGraphRunner` captures per batch size); HF "
+            f"launches every kernel from the host. The decode step's linears alone take {span} of minisgl's step "
+            "here: the rest is attention over the padded length, the small kernels between the linears and, "
+            "outside the graph, the step's input copies and sampling.\n"
+        )
+    else:
+        out.append(
+            f"\nminisgl ran every decode eagerly here (a run from before `DecodeCudaGraphRunner`, or with "
+            f"`--disable-cuda-graph`). The decode step's linears alone, replayed from a captured CUDA graph, take "
+            f"{span} of minisgl's step in these rows: on a GPU a small model's eager step is the host launching its "
+            "kernels one at a time, not the GPU reading the weights, so the shares of the bandwidth floor are tiny "
+            "and the timings follow the host's jitter.\n"
+        )
+    for engine in engines:
+        out.append(f"\n{level}# {ENGINES[engine][0]}, CUDA\n\n")
         out += _table(rows, engine)
     return out
 
@@ -274,9 +320,8 @@ def bench_pages() -> dict[str, str]:
         "K/V cache a step also reads is not in the floor (its time is in the decode breakdown below).\n\n"
         f"{_commit(data)}{_machine(data.get('machine'))}"
         "Machine peaks: a matmul peak is the fastest repetition of MKL's matmul or oneDNN's prepacked linear on "
-        "2048-square matrices (8192 on CUDA). The run's best, of a measurement before it and one after: float32 "
-        f"{peaks['matmul_float32_flops'] / 1e9:.0f} GFLOP/s, bfloat16 "
-        f"{peaks['matmul_bfloat16_flops'] / 1e9:.0f} GFLOP/s. A shared machine's speed changes in phases, so the "
+        "2048-square matrices (8192 on CUDA). The run's best, of a measurement before it and one after: "
+        f"{_matmul_peaks(peaks, 1e9, 'GFLOP/s')}. A shared machine's speed changes in phases, so the "
         "peak of the row's dtype (two repetitions of each kernel) and the read bandwidth (the fastest of three "
         "readers of a 1 GiB matrix: `torch.mv`, oneDNN's prepacked linear at four rows, a plain sum) are also "
         "sampled right before every engine's run of every row, and each row's shares use the medians of its own "

@@ -17,14 +17,15 @@ from tests.tiny_models import build_tiny_model, train_tokenizer  # noqa: E402
 
 
 def pytest_collection_modifyitems(config, items):
-    """``MINISGL_TEST_DEVICE`` (bench/cuda.sh) moves tests/test_hf_equality.py to another device; the other modules
-    are written for CPU (some import its helpers), so there they are skipped rather than run half on the GPU."""
+    """``MINISGL_TEST_DEVICE`` (bench/cuda.sh) moves tests/test_hf_equality.py and tests/test_cuda_graph.py to another
+    device; the other modules are written for CPU (some import its helpers), so there they are skipped rather than
+    run half on the GPU."""
     device = os.environ.get("MINISGL_TEST_DEVICE", "cpu")
     if device == "cpu":
         return
-    skip = pytest.mark.skip(reason=f"MINISGL_TEST_DEVICE={device} runs tests/test_hf_equality.py only")
+    skip = pytest.mark.skip(reason=f"MINISGL_TEST_DEVICE={device} runs the HF-equality and CUDA-graph tests only")
     for item in items:
-        if item.path.name != "test_hf_equality.py":
+        if item.path.name not in ("test_hf_equality.py", "test_cuda_graph.py"):
             item.add_marker(skip)
 
 

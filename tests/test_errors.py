@@ -83,7 +83,7 @@ def test_batch_bigger_than_pools(capsys, tiny_llama, tmp_path):
     assert not result.exists()
 
 
-@pytest.mark.parametrize("flag", ["--kv-cache-dtype", "--disable-cuda-graph"])
+@pytest.mark.parametrize("flag", ["--kv-cache-dtype", "--cuda-graph-bs"])
 def test_sglang_flags_minisgl_lacks_are_refused_by_name(flag):
     proc = subprocess.run([sys.executable, "-m", "minisgl.bench_one_batch", flag, "x"], capture_output=True, text=True)
     assert proc.returncode == 2

@@ -308,12 +308,19 @@ def test_latency_chain_order(latency):
             "layers.sampler.Sampler.forward",
         ],
     ), names
+    # a CUDA graph capture runs the model's forward at load: cut there, so it is expanded under the extend
+    (capture,) = [n for n in latency.root.walk() if n.qname.endswith("DecodeCudaGraphRunner.capture_one_shape")]
+    deferred = [c for c in capture.children if c.qname == "minisgl.models.llama.LlamaForCausalLM.forward"]
+    assert [(c.marker, c.children) for c in deferred] == [("deferred", [])]
     dispatch = [n for n in latency.root.walk() if n.via == "dispatch"]
-    # CPUGraphRunner.prepare_replay reaches the backend through ForwardBatch.attn_backend, typed as the base class.
+    # CPUGraphRunner.prepare_replay reaches the backend through ForwardBatch.attn_backend, typed as the base class;
+    # ModelRunner.forward reaches its graph runner (CPUGraphRunner or DecodeCudaGraphRunner) through BaseRunner.
     assert {n.qname.rsplit(".", 1)[-1] for n in dispatch} == {
         "forward_extend",
         "forward_decode",
         "init_forward_metadata_out_graph",
+        "can_run_graph",
+        "execute",
     }
 
 

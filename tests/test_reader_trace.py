@@ -84,7 +84,7 @@ CONDITIONAL = {
             ),
             (
                 "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata_out_graph",
-                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._decode_metadata",
+                "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.decode_metadata",
             ),
             (
                 "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata_out_graph",
@@ -141,7 +141,9 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     import minisgl.layers.attention.tiled_prefill as tiled_prefill
     from minisgl.bench_one_batch import decode, extend
     from minisgl.managers.schedule_batch import Req
+    from minisgl.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
     from minisgl.sampling.sampling_params import SamplingParams
+    from tests.test_cuda_graph import _eager_record
     from tests.test_hf_equality import make_runner
 
     chain = build_chain("latency")
@@ -166,6 +168,11 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
         tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
     runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
+    # and one whose decodes go through DecodeCudaGraphRunner, its "graphs" replayed eagerly on CPU (as in
+    # tests/test_cuda_graph.py), for the CUDA-graph edges of ModelRunner.forward
+    monkeypatch.setattr(DecodeCudaGraphRunner, "_record", _eager_record)
+    runners.append(make_runner(tiny_llama, cuda_graph_max_bs=2))
+    runners[-1].graph_runner = DecodeCudaGraphRunner(runners[-1])
     executed: set[tuple[str, str]] = set()
 
     def hook(frame, event, arg):

@@ -222,8 +222,8 @@ def test_bench_prefill_breakdown_splits_each_prefill_at_linears_and_attention():
 
 
 def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch):
-    """bench/results-cuda.json, when there, gets its own section with the GPU it ran on and its rows' figures;
-    without it the section says how to make it."""
+    """bench/results-cuda.json, when there, gets its own section with the GPU it ran on and its rows' figures, and
+    each further results-cuda-*.json a heading of its own there; without any the section says how to make one."""
     import json
 
     from reader import site_bench
@@ -251,6 +251,25 @@ def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch)
     model = data["rows"][0]["model"]  # each of its rows once in each engine's table
     expected = len(site_bench._engines(data["rows"])) * sum(r["model"] == model for r in data["rows"])
     assert cuda.count(f"| {model} |") == expected
+    # the decode linears' graph replay against the step: 10 ms of a 20 ms step is half of it
+    for r in data["rows"]:
+        r["decode_linears_s"]["median"] = 0.010
+        for engine in site_bench._engines(data["rows"]):
+            r[f"{engine}_decode_s"]["median"] = 0.020
+    (tmp_path / "results-cuda.json").write_text(json.dumps(data))
+    cuda = site_bench.bench_pages()["reference/bench.md"].split("## On CUDA")[1]
+    assert "take 50%-50% of minisgl's step" in cuda and "minisgl ran every decode eagerly here" in cuda
+    (tmp_path / "results-cuda.json").write_text(json.dumps({**data, "minisgl_cuda_graph": True}))
+    cuda = site_bench.bench_pages()["reference/bench.md"].split("## On CUDA")[1]
+    assert "take 50%-50% of minisgl's step" in cuda and "minisgl replays each decode step from a CUDA graph" in cuda
+    assert "eagerly" not in cuda
+    (tmp_path / "results-cuda.json").write_text(json.dumps(data))
+    # a second run beside it (a compiled run of one model, say): each under its own heading, the full run first
+    (tmp_path / "results-cuda-compiled.json").write_text(json.dumps({**data, "rows": data["rows"][:1]}))
+    cuda = site_bench.bench_pages()["reference/bench.md"].split("## On CUDA")[1]
+    full, extra = cuda.index("### `bench/results-cuda.json`"), cuda.index("### `bench/results-cuda-compiled.json`")
+    assert full < extra and cuda.count("measured on NVIDIA H200") == 2
+    assert cuda[extra:].count(f"| {model} |") == len(site_bench._engines(data["rows"]))
 
 
 @pytest.mark.parametrize(("padded_rows", "copies", "expected"), [

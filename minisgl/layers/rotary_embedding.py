@@ -23,7 +23,7 @@ class RotaryEmbedding(nn.Module):
         # Indexed by position at each forward; one table for all layers.
         self.register_buffer("cos_cached", freqs.cos() * scaling, persistent=False)
         self.register_buffer("sin_cached", freqs.sin() * scaling, persistent=False)
-        self._positions, self._cos_sin = None, None
+        self._positions, self._positions_version, self._cos_sin = None, None, None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
         if torch.compiler.is_compiling():
@@ -32,10 +32,18 @@ class RotaryEmbedding(nn.Module):
             cos, sin = self._lookup(positions, q.dtype)
         else:
             # Every layer shares this module and the same positions tensor in one forward: look up cos/sin once.
-            if positions is not self._positions or self._cos_sin[0].dtype != q.dtype:
+            # The version counter catches a tensor rewritten in place between forwards (a graph's static buffer).
+            if (positions is not self._positions or positions._version != self._positions_version
+                    or self._cos_sin[0].dtype != q.dtype):  # fmt: skip
                 self._positions, self._cos_sin = positions, self._lookup(positions, q.dtype)
+                self._positions_version = positions._version
             cos, sin = self._cos_sin
         return _rotate(q, cos, sin), _rotate(k, cos, sin)
+
+    def forget_lookup(self) -> None:
+        """Drop the looked-up cos/sin, so that the next forward looks them up again (a CUDA graph capture must
+        record the lookup, not reuse the warm-up's tensors)."""
+        self._positions, self._positions_version, self._cos_sin = None, None, None
 
     def _lookup(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
         """``[cos, cos]`` and ``[-sin, sin]`` per position, shaped ``[tokens, 1, head_dim]`` for broadcasting."""

@@ -44,6 +44,7 @@ from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.model_executor.forward_context import ForwardContext, forward_context
+from minisgl.model_executor.runner.base_runner import BaseRunner
 
 if TYPE_CHECKING:
     from minisgl.model_executor.model_runner import ModelRunner
@@ -108,7 +109,7 @@ def tunes_small_decodes(dtype: torch.dtype) -> bool:
     return dtype == torch.float32 or torch.cpu._is_amx_tile_supported()
 
 
-class CPUGraphRunner:
+class CPUGraphRunner(BaseRunner):
     def __init__(self, model_runner: ModelRunner):
         set_torch_compile_config()
         self.device = model_runner.device

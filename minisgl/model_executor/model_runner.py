@@ -2,7 +2,7 @@
 
 ``forward(forward_batch)`` runs the model and returns the logits output (the last position of each
 request in extend mode); ``sample(logits_output, forward_batch)`` turns it into next-token ids.
-SGLang's ``ModelRunner`` also captures CUDA graphs, profiles memory for the pools, initialises
+SGLang's ``ModelRunner`` also captures prefill (piecewise) CUDA graphs, profiles memory for the pools, initialises
 LoRA, speculative draft models, expert-parallel MoE and elastic/remote weight updates.
 """
 
@@ -23,6 +23,8 @@ from minisgl.mem_cache.allocator import TokenToKVPoolAllocator
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.model_executor.forward_batch_info import ForwardBatch
+from minisgl.model_executor.runner.base_runner import BaseRunner
+from minisgl.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner, uses_cuda_graphs
 from minisgl.model_loader.loader import get_model
 from minisgl.server_args import ServerArgs
 from minisgl.utils.common import InputError, get_available_memory, keep_freed_cpu_memory
@@ -61,7 +63,7 @@ class ModelRunner:
         self.load_model()
         self.init_memory_pool()
         self.attn_backend = TorchNativeAttnBackend()
-        self.graph_runner: CPUGraphRunner | None = CPUGraphRunner(self) if server_args.enable_torch_compile else None
+        self.graph_runner: BaseRunner | None = self.init_decode_cuda_graph()
 
     def load_model(self) -> None:
         available = get_available_memory(self.device)
@@ -72,6 +74,14 @@ class ModelRunner:
             prepack_lm_head(self.model.lm_head)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.available_after_load = min(available - self.weight_bytes, get_available_memory(self.device))
+
+    def init_decode_cuda_graph(self) -> BaseRunner | None:
+        """The runner of compiled or captured forwards: ``--enable-torch-compile``'s compiled model (any device),
+        else on CUDA decode graphs captured now, unless ``--disable-cuda-graph``. SGLang's picks a graph runner per
+        device and also measures the memory the graphs took."""
+        if self.server_args.enable_torch_compile:
+            return CPUGraphRunner(self)
+        return DecodeCudaGraphRunner(self) if uses_cuda_graphs(self) else None
 
     def profile_max_num_token(self) -> int:
         """KV capacity in tokens: ``--max-total-tokens``, or a fraction of the memory left after the weights."""
@@ -110,7 +120,8 @@ class ModelRunner:
         )
 
     def forward(self, forward_batch: ForwardBatch) -> ModelRunnerOutput:
-        """One model forward: the compiled graph when there is one for this batch, else eager (as SGLang)."""
+        """One model forward: the compiled or captured graph when there is one for this batch, else eager (as
+        SGLang)."""
         if self.graph_runner is not None and self.graph_runner.can_run_graph(forward_batch):
             return ModelRunnerOutput(logits_output=self.graph_runner.execute(forward_batch))
         self.attn_backend.init_forward_metadata(forward_batch)

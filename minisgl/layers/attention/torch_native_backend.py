@@ -126,7 +126,7 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def init_forward_metadata(self, forward_batch: ForwardBatch) -> None:
         if forward_batch.forward_mode.is_decode():
-            self.forward_metadata = self._decode_metadata(forward_batch, position_block=1)
+            self.forward_metadata = self.decode_metadata(forward_batch)
             return
         req_to_token, rows = forward_batch.req_to_token_pool.req_to_token, forward_batch.req_pool_indices
         kv_indices, masks, q_slices, start = [], [], [], 0
@@ -153,12 +153,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         if forward_batch.forward_mode.is_decode():
             # At least two blocks: traced with one, dynamo specializes the graph to one block, and the first decode
             # past DECODE_POSITION_BLOCK positions would compile the model again.
-            self.forward_metadata = self._decode_metadata(forward_batch, DECODE_POSITION_BLOCK, min_blocks=2)
+            self.forward_metadata = self.decode_metadata(forward_batch, DECODE_POSITION_BLOCK, min_blocks=2)
             return
         self.init_forward_metadata(forward_batch)
 
     @staticmethod
-    def _decode_metadata(forward_batch: ForwardBatch, position_block: int, min_blocks: int = 1) -> DecodeMetadata:
+    def decode_metadata(forward_batch: ForwardBatch, position_block: int = 1, min_blocks: int = 1) -> DecodeMetadata:
         """Each request's KV slots, up to the longest sequence rounded up to whole blocks of ``position_block``
         positions (at least ``min_blocks``).
 
