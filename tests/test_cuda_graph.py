@@ -13,13 +13,14 @@ import types
 import pytest
 import torch
 
+from minisgl.bench_one_batch import decode, extend
 from minisgl.model_executor.runner.decode_cuda_graph_runner import (
     DecodeCudaGraphRunner,
     generate_decode_cuda_graph_batch_sizes,
     get_seq_lens_to_capture,
     uses_cuda_graphs,
 )
-from tests.test_hf_equality import DEVICE, PROMPTS, STEPS, hf_model, ids, make_runner, run_greedy
+from tests.test_hf_equality import DEVICE, PROMPTS, STEPS, hf_model, ids, make_reqs, make_runner, run_greedy
 
 # 120 tokens: 16 greedy steps take its sequence from 121 to 136 positions, past the 128-position graphs.
 LONG_PAIR = [[(5 * i + 2) % 300 + 1 for i in range(120)], [4, 8, 15, 16, 23]]
@@ -76,6 +77,31 @@ def test_graph_decode_matches_hf_generate(model, prompts, max_bs, expected, requ
     for prompt, ours in zip(prompts, tokens):
         ref = hf.generate(ids(prompt), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False)
         assert ours == ref[0, len(prompt) :].tolist()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_graph_logits_equal_the_eager_runners(tiny_llama, dtype, monkeypatch):
+    """Step by step, on the same tokens, the graph's logits are the eager decode's: a long batch of four fills the
+    (4, 256) graph's metadata, then three short prompts replay the (4, 128) one and the long batch's rows again
+    (no stale rows or positions may survive); bfloat16 gathers grouped K/V head by head on CPU (cached per
+    metadata, so rebuilt at every capture)."""
+    eager = make_runner(tiny_llama, dtype=dtype)
+    graphed, replayed = graph_runner(tiny_llama, monkeypatch, dtype=dtype, cuda_graph_max_bs=4)
+    tolerance = {"atol": 1e-4, "rtol": 0} if dtype == torch.float32 else {"atol": 0.1, "rtol": 0.02}
+    for prompts in (LONG_PAIR * 2, PROMPTS, LONG_PAIR * 2):
+        (ids, _, eager_batch), (_, _, graph_batch) = (
+            extend(make_reqs(prompts), eager),
+            extend(make_reqs(prompts), graphed),
+        )
+        for _ in range(STEPS - 1):
+            next_ids, eager_logits = decode(ids, eager_batch, eager)
+            _, graph_logits = decode(ids, graph_batch, graphed)
+            torch.testing.assert_close(graph_logits, eager_logits, **tolerance)
+            ids = next_ids
+        for runner in (eager, graphed):
+            runner.req_to_token_pool.clear()
+            runner.token_to_kv_pool_allocator.clear()
+    assert set(replayed) == {(4, 128), (4, 256)}
 
 
 def test_graph_workspaces_are_the_captured_ones(tiny_llama, monkeypatch):

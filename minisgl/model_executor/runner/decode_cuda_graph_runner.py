@@ -5,9 +5,10 @@ waits on it: on an H200, dummy134's float32 step at batch 1 took 5.7-9.0 ms eage
 replayed from a graph, take 0.3 ms. A CUDA graph records the step's kernels once and replays them with one call:
 eager -> replayed, median ms/step, two runs on one H200 (``bench/results-cuda-no-graph.json`` ->
 ``bench/results-cuda.json``): dummy134 float32 1x128 9.0 -> 1.5, 8x128 8.1 -> 2.1; bfloat16 8x128 11.9 -> 1.4;
-SmolLM2's shape float32 1x128 13.6 -> 2.8, bfloat16 32x256 20.0 -> 3.5 (HF: 12.0, 9.8, 15.8, 24.9, 53.7). It also fixes every shape and address the capture saw, so the runner keeps static input
-buffers, pads a batch up to the next captured batch size (padding rows write their K/V to the reserved slot 0 and
-attend to it alone), and writes the attention metadata into the graph's own tensors before each replay.
+SmolLM2's shape float32 1x128 13.6 -> 2.8, bfloat16 32x256 20.0 -> 3.5 (HF: 12.0, 9.8, 15.8, 24.9, 53.7).
+A graph also fixes every shape and address the capture saw, so the runner keeps static input buffers, pads a
+batch up to the next captured batch size (padding rows write their K/V to the reserved slot 0 and attend to it
+alone), and writes the attention metadata into the graph's own tensors before each replay.
 
 minisgl's torch-native decode gathers each request's K/V up to a length, so a graph is captured per batch size
 *and* padded sequence length (powers of two from 128 up to the context length), all at start-up. SGLang's
@@ -20,6 +21,7 @@ and for tensor parallelism (custom all-reduce), speculative verify, LoRA and DP-
 from __future__ import annotations
 
 import bisect
+import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -65,7 +67,9 @@ class DecodeCudaGraphRunner(BaseRunner):
         # as SGLang, no larger than the number of request rows
         max_bs = min(model_runner.server_args.cuda_graph_max_bs, model_runner.req_to_token_pool.size)
         self.capture_bs = generate_decode_cuda_graph_batch_sizes(max_bs)
-        self.capture_seq_lens = get_seq_lens_to_capture(model_runner.model_config.context_len)
+        # no sequence outgrows the context nor the KV pool: no graph (nor its gather workspace) longer than both
+        longest = min(model_runner.model_config.context_len, model_runner.max_total_num_tokens)
+        self.capture_seq_lens = get_seq_lens_to_capture(longest)
         max_bs, device = self.capture_bs[-1], model_runner.device
         # The inputs every graph reads, sized for the largest batch; a graph of bs rows reads the first bs.
         self.input_ids = torch.zeros(max_bs, dtype=torch.int64, device=device)
@@ -81,6 +85,7 @@ class DecodeCudaGraphRunner(BaseRunner):
         self.metadata: dict[tuple[int, int], DecodeMetadata] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # the logits each replay writes
         self.memory_pool = None  # one private pool for all graphs: they never run at the same time
+        self.warmup_stream = torch.cuda.Stream(device) if device.type == "cuda" else None  # one for every capture
         self.capture()
 
     def can_run_graph(self, forward_batch: ForwardBatch) -> bool:
@@ -88,10 +93,12 @@ class DecodeCudaGraphRunner(BaseRunner):
 
     def capture(self) -> None:
         """Every (batch size, length) graph, the largest first: its workspaces are the largest, so smaller
-        captures reuse them rather than grow them (a grown buffer would free memory an earlier graph writes to)."""
-        for bs in reversed(self.capture_bs):
-            for seq_len in reversed(self.capture_seq_lens):
-                self.capture_one_shape(bs, seq_len)
+        captures reuse them rather than grow them (a grown buffer would free memory an earlier graph writes to).
+        On the runner's own GPU: with ``cuda:N`` and one rank, N need not be the current device."""
+        with _on_device(self.input_ids.device):
+            for bs in reversed(self.capture_bs):
+                for seq_len in reversed(self.capture_seq_lens):
+                    self.capture_one_shape(bs, seq_len)
 
     def capture_one_shape(self, bs: int, seq_len: int) -> None:
         """Record one decode forward of ``bs`` rows, each attending to ``seq_len`` K/V positions (at capture all
@@ -106,6 +113,9 @@ class DecodeCudaGraphRunner(BaseRunner):
         batch = self._static_batch(bs)
 
         def run_once() -> torch.Tensor:
+            # Per-forward caches a warm-up filled must be rebuilt inside the capture, or the graph would read the
+            # warm-up's tensors forever: the rotary cos/sin lookup, and the metadata's head-major K/V rows.
+            metadata.head_major_rows = None
             self.attn_backend.forward_metadata = metadata
             for rope in self.ropes:
                 rope.forget_lookup()
@@ -128,7 +138,7 @@ class DecodeCudaGraphRunner(BaseRunner):
         """Capture ``run_once`` into a CUDA graph: its replay, and the static output it writes."""
         # Warm-up runs first, outside the graph: lazy one-time work (cuBLAS handles, the backend's workspaces)
         # must not be recorded. On a side stream, as torch.cuda.graphs asks.
-        stream = torch.cuda.Stream()
+        stream = self.warmup_stream
         stream.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(stream):
             for _ in range(2):
@@ -160,10 +170,17 @@ class DecodeCudaGraphRunner(BaseRunner):
         return bs, seq_len
 
     def execute(self, forward_batch: ForwardBatch) -> LogitsProcessorOutput:
-        """Replay the decode step. The logits are the graph's output buffer: valid until the next replay."""
+        """Replay the decode step. The logits are the graph's output buffer, valid until the next replay of any
+        graph (all graphs share one memory pool): sample from them, or clone them to keep them."""
         key = self.load_batch(forward_batch)
-        self.replays[key]()
+        with _on_device(self.input_ids.device):
+            self.replays[key]()
         return LogitsProcessorOutput(next_token_logits=self.outputs[key][: forward_batch.batch_size])
+
+
+def _on_device(device: torch.device):
+    """``torch.cuda.device`` on a GPU; nothing to switch on a CPU (where the tests replay eagerly)."""
+    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def uses_cuda_graphs(model_runner: ModelRunner) -> bool:
