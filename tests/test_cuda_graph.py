@@ -26,7 +26,7 @@ from tests.test_hf_equality import DEVICE, PROMPTS, STEPS, hf_model, ids, make_r
 LONG_PAIR = [[(5 * i + 2) % 300 + 1 for i in range(120)], [4, 8, 15, 16, 23]]
 
 
-def _eager_record(self, key, run_once):
+def _eager_record(self, run_once):
     output = run_once()
     return (lambda: output.copy_(run_once())), output
 

@@ -80,7 +80,7 @@ class DecodeCudaGraphRunner(BaseRunner):
         self.attn_backend = TorchNativeAttnBackend()
         # the model's rotary tables (shared by its layers): each capture makes them look up again (run_once)
         self.ropes = list({id(m): m for m in model_runner.model.modules() if isinstance(m, RotaryEmbedding)}.values())
-        self.graphs: dict[tuple[int, int], object] = {}  # (bs, seq_len) -> the captured graph
+        # (bs, seq_len) -> the captured graph's replay (its bound method keeps the graph alive)
         self.replays: dict[tuple[int, int], Callable[[], None]] = {}
         self.metadata: dict[tuple[int, int], DecodeMetadata] = {}
         self.outputs: dict[tuple[int, int], torch.Tensor] = {}  # the logits each replay writes
@@ -122,7 +122,7 @@ class DecodeCudaGraphRunner(BaseRunner):
             return self.model_runner.model.forward(batch.input_ids, batch.positions, batch).next_token_logits
 
         key = (bs, seq_len)
-        self.replays[key], self.outputs[key] = self._record(key, run_once)
+        self.replays[key], self.outputs[key] = self._record(run_once)
 
     def _static_batch(self, bs: int) -> ForwardBatch:
         """A decode ``ForwardBatch`` of ``bs`` rows over the static buffers (only what the model reads)."""
@@ -134,7 +134,7 @@ class DecodeCudaGraphRunner(BaseRunner):
             token_to_kv_pool=runner.token_to_kv_pool, attn_backend=self.attn_backend,
         )  # fmt: skip
 
-    def _record(self, key: tuple[int, int], run_once: Callable[[], torch.Tensor]):
+    def _record(self, run_once: Callable[[], torch.Tensor]):
         """Capture ``run_once`` into a CUDA graph: its replay, and the static output it writes."""
         # Warm-up runs first, outside the graph: lazy one-time work (cuBLAS handles, the backend's workspaces)
         # must not be recorded. On a side stream, as torch.cuda.graphs asks.
@@ -148,7 +148,6 @@ class DecodeCudaGraphRunner(BaseRunner):
         with torch.cuda.graph(graph, pool=self.memory_pool):
             output = run_once()
         self.memory_pool = graph.pool()
-        self.graphs[key] = graph
         return graph.replay, output
 
     def load_batch(self, forward_batch: ForwardBatch) -> tuple[int, int]:
