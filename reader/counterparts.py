@@ -615,7 +615,6 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
 
 # Pieces with no counterpart, and why. A key may name a module: it covers everything inside.
 NO_COUNTERPART: dict[str, str] = {
-    "minisgl.model_executor.runner.decode_cuda_graph_runner._on_device": "helper of capture and execute; SGLang's ModelRunner sets its GPU as the current device at start-up (torch.get_device_module(device).set_device(gpu_id))",
     "minisgl.model_executor.runner.decode_cuda_graph_runner.get_seq_lens_to_capture": "SGLang's decode graphs bake in no sequence length (FlashInfer/Triton read lengths from kv_indptr in static buffers); minisgl's gathered decode fixes a padded length per graph",
     "minisgl.model_executor.runner.decode_cuda_graph_runner.uses_cuda_graphs": "SGLang decides inline in ModelRunner.init_decode_cuda_graph (check_cuda_graph_backend, and CPU graphs only with torch.compile)",
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._workspace": "SGLang's torch-native backend gathers into fresh tensors; its GPU backends never gather",

@@ -269,8 +269,8 @@ def _cuda_run(path: Path, run_it: str, several: bool) -> list[str]:
             "\nminisgl replays each decode step from a CUDA graph (`DecodeCudaGraphRunner`, one graph per batch size "
             "and padded length, captured at load, as SGLang's `DecodeCudaGraphRunner` captures per batch size); HF "
             f"launches every kernel from the host. The decode step's linears alone take {span} of minisgl's step "
-            "here: the rest is attention over the padded length, the small kernels between the linears and, "
-            "outside the graph, the step's input copies and sampling.\n"
+            "here; the rest (attention over the padded length, the kernels between the linears, and outside the "
+            "graph the input copies and sampling) is not timed apart.\n"
         )
     else:
         out.append(

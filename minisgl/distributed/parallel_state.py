@@ -18,9 +18,10 @@ def init_distributed_environment(tp_rank: int, tp_size: int, init_method: str, d
     """Join the TP group (a no-op at tp_size 1, so a single process never touches torch.distributed)."""
     global _TP_RANK, _TP_SIZE
     _TP_RANK, _TP_SIZE = tp_rank, tp_size
+    if device.type == "cuda" and device.index is not None:
+        # NCCL binds each rank to its own GPU, and CUDA graphs capture on the current device: cuda:N, not cuda:0
+        torch.cuda.set_device(device)
     if tp_size > 1 and not dist.is_initialized():
-        if device.type == "cuda":
-            torch.cuda.set_device(device)  # NCCL binds each rank to its own GPU, not to cuda:0
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, init_method=init_method, rank=tp_rank, world_size=tp_size)
 

@@ -21,7 +21,6 @@ and for tensor parallelism (custom all-reduce), speculative verify, LoRA and DP-
 from __future__ import annotations
 
 import bisect
-import contextlib
 from collections.abc import Callable
 from typing import TYPE_CHECKING
 
@@ -94,11 +93,10 @@ class DecodeCudaGraphRunner(BaseRunner):
     def capture(self) -> None:
         """Every (batch size, length) graph, the largest first: its workspaces are the largest, so smaller
         captures reuse them rather than grow them (a grown buffer would free memory an earlier graph writes to).
-        On the runner's own GPU: with ``cuda:N`` and one rank, N need not be the current device."""
-        with _on_device(self.input_ids.device):
-            for bs in reversed(self.capture_bs):
-                for seq_len in reversed(self.capture_seq_lens):
-                    self.capture_one_shape(bs, seq_len)
+        On the current device, which ``init_distributed_environment`` made the runner's own."""
+        for bs in reversed(self.capture_bs):
+            for seq_len in reversed(self.capture_seq_lens):
+                self.capture_one_shape(bs, seq_len)
 
     def capture_one_shape(self, bs: int, seq_len: int) -> None:
         """Record one decode forward of ``bs`` rows, each attending to ``seq_len`` K/V positions (at capture all
@@ -172,14 +170,8 @@ class DecodeCudaGraphRunner(BaseRunner):
         """Replay the decode step. The logits are the graph's output buffer, valid until the next replay of any
         graph (all graphs share one memory pool): sample from them, or clone them to keep them."""
         key = self.load_batch(forward_batch)
-        with _on_device(self.input_ids.device):
-            self.replays[key]()
+        self.replays[key]()
         return LogitsProcessorOutput(next_token_logits=self.outputs[key][: forward_batch.batch_size])
-
-
-def _on_device(device: torch.device):
-    """``torch.cuda.device`` on a GPU; nothing to switch on a CPU (where the tests replay eagerly)."""
-    return torch.cuda.device(device) if device.type == "cuda" else contextlib.nullcontext()
 
 
 def uses_cuda_graphs(model_runner: ModelRunner) -> bool:
