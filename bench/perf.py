@@ -36,6 +36,7 @@ import sys
 import tempfile
 
 import torch
+import torch.nn.functional as F
 from engines import (  # bench/engines.py: this script's folder is first on sys.path
     CPU,
     DTYPES,
@@ -52,7 +53,13 @@ from rich.table import Table
 
 from minisgl.bench_utils import OneLineErrorParser
 from minisgl.configs.model_config import ModelConfig
-from minisgl.layers.linear import apply_linear, min_packed_rows, mkl_gemv_is_faster, prepack_weight
+from minisgl.layers.linear import (
+    apply_linear,
+    keep_float32_copy,
+    min_packed_rows,
+    mkl_gemv_is_faster,
+    prepack_weight,
+)
 from minisgl.utils.common import InputError, keep_freed_cpu_memory, resolve_device, write_whole
 
 WORKLOADS = [(1, 128, 32), (8, 128, 32), (1, 512, 16), (32, 256, 16)]
@@ -75,20 +82,26 @@ def hands_back_gpu_memory(probe):
 
 @hands_back_gpu_memory
 def matmul_peak(device: torch.device = CPU, dtype: torch.dtype = torch.float32, reps: int = 5) -> float:
-    """FLOP/s of the fastest run of the faster kernel (MKL's matmul, or the oneDNN one minisgl's linears use; on
+    """FLOP/s of the fastest run of the faster kernel (torch's ``F.linear``, or the one minisgl's linears use; on
     CUDA both are cuBLAS); a peak is what the machine can reach, so a median or a slower kernel would let shares
     pass 100%. A GPU needs a larger product than a CPU to reach its peak; its float32 is IEEE float32, not TF32
-    (torch's default, and how both engines run)."""
+    (torch's default, and how both engines run).
+
+    minisgl's kernel is oneDNN's packed one, or for bfloat16 on a CPU without bfloat16 arithmetic the float32
+    copy of ``keep_float32_copy``: there the fastest bfloat16 product this machine has is a float32 one. The
+    plain product is ``F.linear`` (``a @ b.T``), as HF's linears call it: torch's generic bfloat16 kernel runs
+    ``a @ b`` at 0.3 GFLOP/s on an AVX2 EPYC (one 2048-square product: 55 s), ``F.linear`` at 20."""
     size = 8192 if device.type == "cuda" else 2048
     a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
     packed = prepack_weight(b)
-    plain, onednn = (lambda: a @ b), (lambda: apply_linear(a, packed))
-    return 2 * size**3 / min(best_time(plain, reps, device), best_time(onednn, reps, device))
+    keep_float32_copy(packed)
+    plain, minisgl = (lambda: F.linear(a, b)), (lambda: apply_linear(a, packed))
+    return 2 * size**3 / min(best_time(plain, reps, device), best_time(minisgl, reps, device))
 
 
 def machine_peaks(device: torch.device = CPU, dtypes=tuple(DTYPES), reps: int = 5) -> dict:
-    """``matmul_float32_flops`` and/or ``matmul_bfloat16_flops``: ``matmul_peak`` of each dtype the run measures.
-    Only those: on a CPU without AVX-512, one 2048-square bfloat16 product took 55 s (an AMD EPYC with AVX2 only)."""
+    """``matmul_float32_flops`` and/or ``matmul_bfloat16_flops``: ``matmul_peak`` of each dtype the run measures
+    (only those: a probe takes seconds to minutes on a CPU without bfloat16 arithmetic)."""
     return {f"matmul_{name}_flops": matmul_peak(device, DTYPES[name], reps) for name in dtypes}
 
 

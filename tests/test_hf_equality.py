@@ -157,6 +157,30 @@ def test_bfloat16_close_to_hf(tiny_llama, prompts, monkeypatch):
     assert (logits - ref).abs().max() < 0.05 * ref.abs().max()
 
 
+def test_bfloat16_through_float32_copies_close_to_hf(model_path, monkeypatch):
+    """Where oneDNN cannot pack bfloat16 weights (forced here: an AVX2-only CPU), every linear and the LM head keep
+    a float32 copy that batched rows read (``keep_float32_copy``): the prefill's and a batched decode step's
+    logits stay as close to HF's bfloat16 ones as the packed path's (Qwen2's biases included)."""
+    from minisgl.layers import linear
+
+    if not TILES_ON_DEVICE:
+        pytest.skip("CPU-only: GPU weights are never packed or copied")
+    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", False)
+    runner = make_runner(model_path, dtype=torch.bfloat16)
+    linears = [m for m in runner.model.modules() if isinstance(m, linear.ReplicatedLinear | linear.RowParallelLinear)]
+    heads = [runner.model.lm_head.weight]
+    assert all(w.float32_weight.dtype == torch.float32 for w in [m.weight for m in linears] + heads)
+
+    next_ids, prefill_logits, batch = extend(make_reqs(PROMPTS), runner)
+    decode_logits = decode(next_ids, batch, runner)[1]
+    hf = hf_model(model_path, dtype=torch.bfloat16)
+    with torch.no_grad():
+        for logits, extra in ((prefill_logits, None), (decode_logits, next_ids.tolist())):
+            sequences = PROMPTS if extra is None else [p + [t] for p, t in zip(PROMPTS, extra)]
+            ref = torch.stack([hf(ids(p)).logits[0, -1] for p in sequences]).float()
+            assert (logits - ref).abs().max() < 0.05 * ref.abs().max()
+
+
 @pytest.mark.parametrize("prompts", [LONG_PROMPTS[:1], LONG_PROMPTS], ids=["long", "two-long"])
 def test_float32_long_prompts_match_hf(tiny_llama, prompts, monkeypatch):
     """A float32 extend past one tile goes through causal_prefill_attention (the tiny Llama has grouped KV heads)

@@ -78,6 +78,53 @@ def test_apply_linear_on_prepacked_weight_matches_plain_linear(monkeypatch, padd
         torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
 
 
+def test_float32_copy_serves_bfloat16_batches_only(monkeypatch):
+    """A plain bfloat16 weight (one oneDNN could not pack) gets a float32 copy that inputs of two or more rows
+    read; a single row reads the bfloat16 weight, as torch's own linear does. The copy's outputs are bfloat16,
+    the float32 product of the exact bfloat16 values rounded once: within half a bfloat16 step of the float64
+    product (plus float32 sum-order noise). Doubling the copy doubles the outputs of batches alone."""
+    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", False)  # an AVX2-only CPU, whatever this one is
+    weight, bias = torch.randn(48, 40).bfloat16(), torch.randn(48).bfloat16()
+    linear.keep_float32_copy(weight)
+    assert weight.float32_weight.dtype == torch.float32
+    for rows in (1, 2, 5):
+        for b in (None, bias):
+            x = torch.randn(rows, 40).bfloat16()
+            out = linear.apply_linear(x, weight, b)
+            assert out.shape == (rows, 48) and out.dtype == torch.bfloat16
+            if rows == 1:
+                assert torch.equal(out, torch.nn.functional.linear(x, weight, b))
+                continue
+            ref = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+            assert ((out.double() - ref).abs() <= ref.abs() * 2**-8 + 1e-5).all()
+    if weight.float32_weight.is_mkldnn:
+        weight.float32_weight = linear.prepack_weight(weight.double().float() * 2)
+    else:
+        weight.float32_weight.mul_(2)
+    x = torch.randn(3, 40).bfloat16()
+    assert torch.equal(linear.apply_linear(x[:1], weight), torch.nn.functional.linear(x[:1], weight))
+    doubled = torch.nn.functional.linear(x.double(), 2 * weight.double())
+    torch.testing.assert_close(linear.apply_linear(x, weight).double(), doubled, atol=1e-5, rtol=2**-8)
+
+
+@pytest.mark.parametrize("multiplies_bfloat16", [False, True], ids=["avx2-only", "bfloat16-arithmetic"])
+def test_float32_copies_only_for_bfloat16_cpu_weights_without_bfloat16_arithmetic(monkeypatch, multiplies_bfloat16):
+    """Only CPU bfloat16 weights get a copy, and only where the CPU cannot multiply bfloat16 (where it can, oneDNN
+    packs them instead); float32 and GPU (here meta) weights never do. Without a copy (a compiled model's plain
+    weights), batched rows convert the weight on the fly: the same values."""
+    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", multiplies_bfloat16)
+    float32, meta = torch.randn(8, 8), torch.randn(8, 8, device="meta").bfloat16()
+    bfloat16 = torch.randn(8, 8).bfloat16()
+    for weight in (float32, linear.prepack_weight(float32), meta, bfloat16):
+        linear.keep_float32_copy(weight)
+    assert not any(hasattr(w, "float32_weight") for w in (float32, meta))
+    assert hasattr(bfloat16, "float32_weight") == (not multiplies_bfloat16)
+    if not multiplies_bfloat16:
+        x = torch.randn(3, 8).bfloat16()
+        on_the_fly = linear.apply_linear(x, bfloat16.detach().clone())
+        torch.testing.assert_close(on_the_fly, linear.apply_linear(x, bfloat16), atol=0, rtol=2**-7)
+
+
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemv", "mkl-gemv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch, faster, dtype):

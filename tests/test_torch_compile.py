@@ -12,6 +12,7 @@ import torch
 import minisgl.layers.attention.tiled_prefill as tiled_prefill
 import minisgl.model_executor.cpu_graph_runner as cpu_graph_runner
 from minisgl.bench_one_batch import decode, extend
+from minisgl.layers import linear
 from minisgl.layers.linear import min_packed_rows
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.models import llama
@@ -139,13 +140,27 @@ def test_decode_over_max_bs_runs_eagerly(tiny_llama):
     assert tokens == [hf_greedy(hf, p, 4) for p in PROMPTS]
 
 
-def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch):
+@pytest.mark.parametrize("multiplies_bfloat16", [True, False], ids=["bfloat16-arithmetic", "avx2-only"])
+def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch, multiplies_bfloat16):
+    """Also where the CPU has no bfloat16 arithmetic (forced either way): there the traced linears of batched rows
+    convert their weights to float32, a conversion Inductor folds into a frozen constant (``apply_linear``)."""
     monkeypatch.setattr(
         tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
+    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", multiplies_bfloat16)
+    in_float32, traced = linear.multiplies_in_float32, []  # the answer for each bfloat16 weight traced
+
+    def spy(weight: torch.Tensor) -> bool:
+        answer = in_float32(weight)
+        if weight.dtype == torch.bfloat16:
+            traced.append(answer)
+        return answer
+
+    monkeypatch.setattr(linear, "multiplies_in_float32", spy)
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
     assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= min_packed_rows())}
+    assert traced and all(traced) != multiplies_bfloat16  # every linear of the traced batches, in float32 or not
     hf = hf_model(tiny_llama, dtype=torch.bfloat16)
     with torch.no_grad():
         ref = torch.stack([hf(torch.tensor([p])).logits[0, -1] for p in PROMPTS]).float()

@@ -106,8 +106,26 @@ def _packed_rows_probe() -> int:
     return 4 if _is_faster_by_a_tenth(rows(four), rows(one)) else 1
 
 
+# Whether oneDNN multiplies bfloat16 on this CPU (AVX512-BF16, AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): without it
+# torch's bfloat16 matmul is a generic kernel that batched rows reach in float32 instead (``keep_float32_copy``).
+CPU_MULTIPLIES_BFLOAT16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
+
+
+def multiplies_in_float32(weight: torch.Tensor) -> bool:
+    """Whether batched rows multiply ``weight`` in float32 (``keep_float32_copy``): bfloat16 on a CPU without
+    bfloat16 arithmetic."""
+    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and not CPU_MULTIPLIES_BFLOAT16
+
+
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     if not weight.is_mkldnn:
+        if x.shape[0] > 1 and multiplies_in_float32(weight):
+            # Eagerly the copy made at load; compiled, the conversion of a frozen weight, which Inductor folds
+            # into a packed float32 constant.
+            float32_weight = getattr(weight, "float32_weight", None)
+            float32_weight = weight.float() if float32_weight is None else float32_weight
+            float32_bias = None if bias is None else bias.float()
+            return apply_linear(x.float(), float32_weight, float32_bias).to(x.dtype)
         return F.linear(x, weight, bias)
     rows = x.shape[0]
     gemv_weight = getattr(weight, "gemv_weight", None)
@@ -131,8 +149,7 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
     """
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return weight
-    bf16_ok = weight.dtype == torch.bfloat16 and torch.ops.mkldnn._is_mkldnn_bf16_supported()
-    if weight.dtype != torch.float32 and not bf16_ok:  # oneDNN's bf16 kernels need AVX512-BF16 or AMX
+    if weight.dtype != torch.float32 and not (weight.dtype == torch.bfloat16 and CPU_MULTIPLIES_BFLOAT16):
         return weight
     # Packed for 8-row inputs: measured best for both 1-row and batched decode, and prefill is unaffected.
     return torch.ops.mkldnn._reorder_linear_weight(weight.detach(), 8)
@@ -221,6 +238,22 @@ def keep_gemv_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
         packed.gemv_weight = column_blocked(weight)
 
 
+def keep_float32_copy(weight: torch.Tensor) -> None:
+    """Give a bfloat16 weight on a CPU without bfloat16 arithmetic (``CPU_MULTIPLIES_BFLOAT16``) a prepacked
+    float32 copy, which ``apply_linear`` reads for inputs of two or more rows.
+
+    Without AVX512-BF16 or AVX-NE-CONVERT (an AVX2-only CPU) torch multiplies bfloat16 matrices in a generic
+    kernel at a fifth of float32's rate, compute-bound from two rows on: on a 2-core AMD EPYC (Zen 3, AVX2)
+    dummy134's linears run at 18-19 GFLOP/s at every row count (8 rows: 75 ms a step; 128: 1.14 s), float32
+    ones at 84-114. The copy is exact (every bfloat16 value is a float32 one), its products and sums are
+    float32 as a bfloat16 GEMM's are, and the output is rounded to bfloat16 once, so results move by summation
+    order only. A single row keeps the bfloat16 weight: that GEMV streams half the bytes and is bandwidth-bound
+    (18 GB/s). The price is 4 bytes per parameter (SmolLM2: +540 MB on its 270).
+    """
+    if multiplies_in_float32(weight):
+        weight.float32_weight = prepack_weight(weight.detach().float())
+
+
 def prepack_linear_weights(model: nn.Module) -> None:
     """Swap every linear layer's weight for its prepacked form, after loading (loaders need the plain one)."""
     for module in model.modules():
@@ -229,6 +262,7 @@ def prepack_linear_weights(model: nn.Module) -> None:
             if packed.is_mkldnn:
                 min_packed_rows()  # probed at load, not in the first forward, which a benchmark may time
             keep_gemv_copy(packed, module.weight)
+            keep_float32_copy(packed)
             module.weight = packed
 
 

@@ -16,7 +16,7 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from minisgl.layers.linear import copy_checked, keep_gemv_copy, prepack_weight, shard
+from minisgl.layers.linear import copy_checked, keep_float32_copy, keep_gemv_copy, prepack_weight, shard
 
 
 class VocabParallelEmbedding(nn.Module):
@@ -56,6 +56,7 @@ def prepack_lm_head(lm_head: VocabParallelEmbedding) -> None:
     """An untied head keeps only the prepacked weight; a head tied to the embedding keeps both."""
     packed = prepack_weight(lm_head.weight)
     if packed is lm_head.weight:
+        keep_float32_copy(lm_head.weight)
         return
     keep_gemv_copy(packed, lm_head.weight)
     if isinstance(lm_head, ParallelLMHead):
