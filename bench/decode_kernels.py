@@ -7,8 +7,9 @@ A decode step's linears read every weight once, so their time is the kernel's re
 count this times the candidate kernels over random weights of the model's own linear shapes (qkv and gate_up
 fused, as minisgl loads them) and its LM head, alternating kernels between repetitions: oneDNN's packed kernel
 (``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), MKL over column-blocked
-copies (``keep_gemv_copy``; timed in bfloat16 too, where no probe offers it) and ``F.linear`` on the plain ``[out, in]``
-weight (what HF transformers runs). The table shows median GB/s (weight bytes / time) and marks the kernel the
+copies (``keep_gemv_copy``; timed in bfloat16 too, where no probe offers it), ``F.linear`` on the plain ``[out, in]``
+weight (what HF transformers runs) and, for bfloat16 on a CPU without bfloat16 arithmetic, oneDNN over float32
+copies (``keep_float32_copy``). The table shows median GB/s (weight bytes / time) and marks the kernel the
 eager engine's ``apply_linear`` runs after this process's probes (a compiled graph's linears are Inductor's
 choice). The last column is that kernel's rate over the fastest one's; below 1, a faster kernel exists at these
 shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs only and the blocked copies for
@@ -31,7 +32,9 @@ from rich.table import Table
 
 from minisgl.bench_one_batch import load_model
 from minisgl.layers.linear import (
+    CPU_MULTIPLIES_BFLOAT16,
     alternating_median_seconds,
+    apply_linear,
     blocked_gemv,
     column_blocked,
     min_packed_rows,
@@ -40,7 +43,9 @@ from minisgl.layers.linear import (
 )
 from minisgl.server_args import ServerArgs
 
-PACKED, PADDED, BLOCKED, PLAIN = KERNELS = ("oneDNN packed", "oneDNN padded to 4", "MKL, blocked copy", "F.linear (HF)")
+PACKED, PADDED, BLOCKED, PLAIN, FLOAT32 = KERNELS = (
+    "oneDNN packed", "oneDNN padded to 4", "MKL, blocked copy", "F.linear (HF)", "float32 copy",
+)  # fmt: skip
 Kernel = Callable[[list[torch.Tensor]], list[torch.Tensor]]  # one input per weight -> outputs
 
 
@@ -59,6 +64,9 @@ def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
     blocked = [column_blocked(w) for w in plain]
     kernels = {BLOCKED: lambda xs: [blocked_gemv(x, b, len(w)) for x, b, w in zip(xs, blocked, plain)],
                PLAIN: lambda xs: [F.linear(x, w) for x, w in zip(xs, plain)]}  # fmt: skip
+    if plain[0].dtype == torch.bfloat16 and not CPU_MULTIPLIES_BFLOAT16:
+        copies = [prepack_weight(w.float()) for w in plain]
+        kernels[FLOAT32] = lambda xs: [apply_linear(x.float(), c).to(x.dtype) for x, c in zip(xs, copies)]
     packed = [prepack_weight(w) for w in plain]
     if packed[0].is_mkldnn:
 
@@ -76,7 +84,7 @@ def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
 def picked_kernel(dtype: torch.dtype, rows: int, kernels: dict[str, Kernel]) -> str:
     """The kernel ``apply_linear`` runs for ``rows`` rows of this dtype after this process's probes."""
     if PACKED not in kernels:
-        return PLAIN
+        return FLOAT32 if rows > 1 and FLOAT32 in kernels else PLAIN
     if rows == 1 and dtype == torch.float32 and mkl_gemv_is_faster():
         return BLOCKED
     return PADDED if rows < min_packed_rows() else PACKED
@@ -103,7 +111,9 @@ def main(argv: list[str] | None = None) -> None:
     console.print(f"the probes here: oneDNN's 1-3 row inputs padded: {padding}; column-blocked copies for float32 single rows: "
                   f"{copies}")  # fmt: skip
     table = Table(title="decode linears, GB/s (median); * = the kernel apply_linear runs")
-    for column in ("model", "dtype", "rows", *KERNELS, "picked / fastest"):
+    offered = {name for d in args.dtypes for name in kernel_variants([torch.zeros(1, 1, dtype=DTYPES[d])])}
+    shown = [name for name in KERNELS if name in offered]  # none that this CPU offers for none of the dtypes
+    for column in ("model", "dtype", "rows", *shown, "picked / fastest"):
         table.add_column(column)
     with tempfile.TemporaryDirectory(prefix="minisgl-kernels-") as scratch:
         paths = model_paths(args.models, scratch)
@@ -121,7 +131,7 @@ def main(argv: list[str] | None = None) -> None:
                     seconds = time_kernels(timed, xs, args.reps)
                     picked = picked_kernel(dtype, rows, kernels)
                     rate = {name: weight_bytes / s / 1e9 for name, s in seconds.items()}
-                    cells = [f"{rate[n]:.1f}{' *' * (n == picked)}" if n in rate else "-" for n in KERNELS]
+                    cells = [f"{rate[n]:.1f}{' *' * (n == picked)}" if n in rate else "-" for n in shown]
                     table.add_row(model_name, dtype_name, str(rows), *cells, f"{rate[picked] / max(rate.values()):.2f}")
                 del plain, kernels, timed  # the closures hold every copy of the weights
     console.print(table)

@@ -392,7 +392,8 @@ def test_decode_kernels_marks_the_kernel_apply_linear_runs(
     decode_kernels, monkeypatch, dtype, gemv_copies, padded_rows
 ):
     """The kernel the table marks is the one apply_linear calls, seen from the oneDNN call it makes (none: the
-    blocked copy) and the rows it passes (four: padded), for each answer of the two probes."""
+    blocked copy, or F.linear where oneDNN does not pack the dtype), the rows it passes (four: padded) and their
+    dtype (float32 for bfloat16: the float32 copies), for each answer of the two probes."""
     from minisgl.layers import linear
 
     monkeypatch.setattr(linear, "min_packed_rows", lambda: padded_rows)
@@ -402,19 +403,22 @@ def test_decode_kernels_marks_the_kernel_apply_linear_runs(
     weight = torch.randn(48, 40).to(dtype)
     packed = linear.prepack_weight(weight)
     kernels = decode_kernels.kernel_variants([weight])
-    if not packed.is_mkldnn:  # oneDNN does not pack this dtype on this CPU: apply_linear runs F.linear
-        assert {decode_kernels.picked_kernel(dtype, rows, kernels) for rows in (1, 2, 4, 8)} == {decode_kernels.PLAIN}
-        return
     linear.keep_gemv_copy(packed, weight)
-    onednn_rows = []
+    linear.keep_float32_copy(packed)
+    onednn_calls = []
     real = torch.ops.mkldnn._linear_pointwise
-    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: onednn_rows.append(len(x)) or real(x, *a))
+    spy = lambda x, *a: onednn_calls.append((len(x), x.dtype)) or real(x, *a)  # noqa: E731
+    monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
     for rows in (1, 2, 4, 8):
-        onednn_rows.clear()
+        onednn_calls.clear()
         linear.apply_linear(torch.randn(rows, 40).to(dtype), packed)
-        ran = decode_kernels.BLOCKED if not onednn_rows else decode_kernels.PADDED if onednn_rows != [rows] else None
-        ran = ran or decode_kernels.PACKED
-        assert decode_kernels.picked_kernel(dtype, rows, kernels) == ran, (rows, onednn_rows)
+        if not onednn_calls:
+            ran = decode_kernels.BLOCKED if packed.is_mkldnn else decode_kernels.PLAIN
+        elif onednn_calls[0][1] != dtype:
+            ran = decode_kernels.FLOAT32
+        else:
+            ran = decode_kernels.PACKED if onednn_calls == [(rows, dtype)] else decode_kernels.PADDED
+        assert decode_kernels.picked_kernel(dtype, rows, kernels) == ran, (rows, onednn_calls)
 
 
 def test_decode_kernels_script_prints_a_row_per_dtype_and_rows(decode_kernels, capsys):
