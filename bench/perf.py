@@ -54,6 +54,7 @@ from rich.table import Table
 from minisgl.bench_utils import OneLineErrorParser
 from minisgl.configs.model_config import ModelConfig
 from minisgl.layers.linear import (
+    CPU_MULTIPLIES_BFLOAT16,
     apply_linear,
     keep_float32_copy,
     min_packed_rows,
@@ -162,6 +163,7 @@ def machine_info(device: torch.device = CPU) -> dict:
         # the start-up probes' kernel choices (minisgl.layers.linear), made here; each engine process makes its own
         "padded_rows": min_packed_rows(),
         "mkl_gemv_copies": mkl_gemv_is_faster(),
+        "bfloat16_float32_copies": not CPU_MULTIPLIES_BFLOAT16,  # batched bfloat16 rows multiply float32 copies
         "torch": torch.__version__,
     }
     if device.type == "cuda":
