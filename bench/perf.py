@@ -102,7 +102,7 @@ def matmul_peak(device: torch.device = CPU, dtype: torch.dtype = torch.float32, 
 
 def machine_peaks(device: torch.device = CPU, dtypes=tuple(DTYPES), reps: int = 5) -> dict:
     """``matmul_float32_flops`` and/or ``matmul_bfloat16_flops``: ``matmul_peak`` of each dtype the run measures
-    (only those: a probe takes seconds to minutes on a CPU without bfloat16 arithmetic)."""
+    (only those: a bfloat16 probe takes seconds on a CPU without bfloat16 arithmetic)."""
     return {f"matmul_{name}_flops": matmul_peak(device, DTYPES[name], reps) for name in dtypes}
 
 

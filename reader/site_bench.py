@@ -1,5 +1,6 @@
 """The benchmark results page: the table of ``bench/results.json`` and an SVG chart of the speedups, and beside them
-the same benchmark on CUDA (``bench/results-cuda*.json``, from ``bench/cuda.sh`` on a GPU machine) when there.
+the same benchmark on other CPUs (``bench/results-cpu-*.json``) and on CUDA (``bench/results-cuda*.json``, from
+``bench/cuda.sh`` on a GPU machine) when there.
 
 The chart is drawn with matplotlib into SVG text with a fixed hash salt and no date, so regenerating it
 from the same results gives the same bytes and ``reader check`` can tell a stale page from a fresh one.
@@ -217,11 +218,44 @@ def _machine(machine: dict | None) -> str:
             f" The start-up probes chose: 1-3 decode rows {padding} for oneDNN; column-blocked "
             f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
         )
+    if machine.get("bfloat16_float32_copies"):  # recorded from the run that introduced the copies on
+        probes += (
+            " This CPU has no bfloat16 arithmetic: minisgl's bfloat16 linears multiply batched rows through "
+            "float32 copies of their weights (`keep_float32_copy`), and the bfloat16 matmul peak is that "
+            "float32 product, the fastest bfloat16 product the machine has."
+        )
     return (
         f"Measured on: {machine['cpu']}, {machine['cores']} cores, {machine['torch_threads']} torch threads, "
         f"kernels for {machine['capability']} ({features}). Which kernel is fastest, and so these shares, "
         f"differ from one CPU to another.{probes}\n\n"
     )
+
+
+def _other_cpu_section() -> list[str]:
+    """Runs on other CPUs (``bench/results-cpu-<which>.json``): the targets against each, and its tables."""
+    out = []
+    for path in sorted(RESULTS.parent.glob("results-cpu-*.json")):
+        data = json.loads(path.read_text())
+        if data.get("device", "cpu") != "cpu":
+            out.append(f"\n`bench/{path.name}` holds a run on {data['device']}, not on a CPU: not shown.\n")
+            continue
+        rows = data["rows"]
+        models = ", ".join(dict.fromkeys(r["model"] for r in rows))
+        out.append(
+            f"\n### `bench/{path.name}`: {models}\n\n{_commit(data)}{_machine(data.get('machine'))}"
+            f"Matmul peaks (the run's best): {_matmul_peaks(data['peaks'], 1e9, 'GFLOP/s')}; read bandwidth "
+            f"{_bandwidth(data['peaks'])}; {_processes(data)}.\n\nThe targets against this run:\n\n"
+        )
+        out += _targets(rows)
+        for engine in _engines(rows):
+            out.append(f"\n#### {ENGINES[engine][0]}, {path.stem.removeprefix('results-cpu-')}\n\n")
+            out += _table(rows, engine)
+    if out:
+        out.insert(0, "\n## On other CPUs {#other-cpus}\n\nThe same benchmark on other machines, run with "
+                   "`python bench/perf.py --output bench/results-cpu-<which>.json`, each against its own "
+                   "machine's peaks and bandwidth: which kernel is fastest, and so each share, differs from one "
+                   "CPU to another.\n")  # fmt: skip
+    return out
 
 
 def _cuda_runs() -> list[Path]:
@@ -306,7 +340,7 @@ def bench_pages() -> dict[str, str]:
     out = [HEADER, "# Benchmark results {#bench}\n\n"]
     if not RESULTS.exists():
         out.append(f"No `bench/results.json` yet. Run:\n\n```bash\n{COMMAND}\n```\n")
-        out += _cuda_section()
+        out += _other_cpu_section() + _cuda_section()
         return {"reference/bench.md": "".join(out)}
     data = json.loads(RESULTS.read_text())
     rows, peaks = data["rows"], data["peaks"]
@@ -319,7 +353,8 @@ def bench_pages() -> dict[str, str]:
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time; the "
         "K/V cache a step also reads is not in the floor (its time is in the decode breakdown below).\n\n"
         f"{_commit(data)}{_machine(data.get('machine'))}"
-        "Machine peaks: a matmul peak is the fastest repetition of MKL's matmul or oneDNN's prepacked linear on "
+        "Machine peaks: a matmul peak is the fastest repetition of torch's `F.linear` (MKL) or minisgl's linear "
+        "(oneDNN's prepacked; bfloat16 on a CPU without bfloat16 arithmetic, its float32 copy) on "
         "2048-square matrices (8192 on CUDA). The run's best, of a measurement before it and one after: "
         f"{_matmul_peaks(peaks, 1e9, 'GFLOP/s')}. A shared machine's speed changes in phases, so the "
         "peak of the row's dtype (two repetitions of each kernel) and the read bandwidth (the fastest of three "
@@ -386,5 +421,5 @@ def bench_pages() -> dict[str, str]:
         )
         out += _prefill_breakdown(rows)
     out.append(f"\nReproduce:\n\n```bash\n{COMMAND}\n```\n")
-    out += _cuda_section()
+    out += _other_cpu_section() + _cuda_section()
     return {"reference/bench.md": "".join(out), "reference/bench-chart.svg": chart_svg(rows)}

@@ -283,6 +283,24 @@ def test_perf_refuses_cuda_without_a_gpu(perf, capsys):
     assert capsys.readouterr().err == "error: --device cuda: no CUDA device is visible here; use --device cpu\n"
 
 
+def test_bfloat16_matmul_peak_times_the_kernel_minisgl_runs(perf, monkeypatch):
+    """The peak's two kernels: HF's ``F.linear`` on the bfloat16 matrices, and minisgl's linear, which on a CPU
+    without bfloat16 arithmetic (forced here) multiplies a float32 copy in oneDNN (seen from its inputs' dtype)."""
+    from minisgl.layers import linear
+
+    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", False)  # forcing True would fail on an AVX2 CPU
+    onednn_inputs, real = [], torch.ops.mkldnn._linear_pointwise
+    monkeypatch.setattr(
+        torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: onednn_inputs.append(x.dtype) or real(x, *a)
+    )
+    timed = []
+    monkeypatch.setattr(perf, "best_time", lambda fn, reps, device: timed.append(fn()) or 1.0)
+    monkeypatch.setattr(torch, "randn", lambda *shape, **kw: torch.ones(64, 64, dtype=kw["dtype"]))  # small
+    assert perf.matmul_peak(dtype=torch.bfloat16, reps=1) == 2 * 2048**3  # 2048-square FLOPs in one "second"
+    assert [out.dtype for out in timed] == [torch.bfloat16] * 2 and torch.equal(timed[0], timed[1])
+    assert onednn_inputs == [torch.float32]
+
+
 def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch):
     """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked at each repetition
     with a bandwidth and a matmul peak sample before each run, and the random-weight checkpoint it saved (half a GB
@@ -302,7 +320,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
         assert perf.cli(argv) == 0
     data = json.loads(out.read_text())
     assert data["device"] == "cpu" and len(data["rows"]) == 1
-    # the matmul peak of the dtype asked for only (a bfloat16 product can take a minute on a CPU without AVX-512)
+    # the matmul peak of the dtype asked for only (a bfloat16 probe takes seconds on a CPU without AVX-512)
     assert "matmul_float32_flops" in data["peaks"] and "matmul_bfloat16_flops" not in data["peaks"]
     row = data["rows"][0]
     assert (row["model"], row["dtype"], row["batch"], row["input"], row["output"]) == ("dummy134", "float32", 1, 8, 3)
@@ -318,6 +336,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
         row["prefill_flops"] / row["minisgl_prefill_s"]["median"] / row["matmul_peak_flops"]
     )
     assert data["process_per_engine"] is True
+    assert data["machine"]["bfloat16_float32_copies"] == (not perf.CPU_MULTIPLIES_BFLOAT16)
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
     assert list(scratch.iterdir()) == []

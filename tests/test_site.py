@@ -272,6 +272,38 @@ def test_bench_page_shows_the_cuda_run_beside_the_cpu_one(tmp_path, monkeypatch)
     assert cuda[extra:].count(f"| {model} |") == len(site_bench._engines(data["rows"]))
 
 
+def test_bench_page_shows_runs_on_other_cpus_with_their_own_targets(tmp_path, monkeypatch):
+    """Each bench/results-cpu-*.json gets a heading with its machine (float32 copies named where the run recorded
+    them), the targets against its own rows and each engine's table; none: no section; a GPU run there: not
+    shown."""
+    import json
+
+    from reader import site_bench
+
+    data = json.loads(site_bench.RESULTS.read_text())
+    monkeypatch.setattr(site_bench, "RESULTS", tmp_path / "results.json")
+    site_bench.RESULTS.write_text(json.dumps(data))
+    assert "## On other CPUs" not in site_bench.bench_pages()["reference/bench.md"]
+    other = json.loads(json.dumps(data))
+    other["machine"].update(cpu="AMD EPYC 7B13", capability="AVX2", avx512_bf16=False, bfloat16_float32_copies=True)
+    other["rows"][0]["minisgl_prefill_s"].update(median=0.0456, min=0.0444, max=0.0468)
+    batch_one = next(r for r in other["rows"] if r["batch"] == 1 and r["dtype"] == "float32")
+    batch_one["minisgl_decode_floor_share"] = 0.031  # the worst batch-1 float32 decode share now
+    (tmp_path / "results-cpu-avx2.json").write_text(json.dumps(other))
+    page = site_bench.bench_pages()["reference/bench.md"]
+    main, rest = page.split("## On other CPUs")
+    section = rest.split("## On CUDA")[0]
+    assert "### `bench/results-cpu-avx2.json`" in section and "Measured on: AMD EPYC 7B13" in section
+    assert "multiply batched rows through float32 copies" in section and "float32 copies" not in main
+    assert "| 45.6 [44.4-46.8] |" in section and "| 45.6 [44.4-46.8] |" not in main
+    assert "| 3% | no |" in section and "| 3% | no |" not in main
+    model, engines = other["rows"][0]["model"], site_bench._engines(other["rows"])
+    assert section.count(f"| {model} |") == len(engines) * sum(r["model"] == model for r in other["rows"])
+    (tmp_path / "results-cpu-avx2.json").write_text(json.dumps({**other, "device": "cuda"}))
+    section = site_bench.bench_pages()["reference/bench.md"].split("## On other CPUs")[1].split("## On CUDA")[0]
+    assert "holds a run on cuda, not on a CPU: not shown" in section and f"| {model} |" not in section
+
+
 @pytest.mark.parametrize(("padded_rows", "copies", "expected"), [
     (1, False, "1-3 decode rows not padded for oneDNN; column-blocked copies for MKL's single-row GEMV in float32: no."),
     (4, True, "1-3 decode rows padded to 4 for oneDNN; column-blocked copies for MKL's single-row GEMV in float32: yes."),
