@@ -32,13 +32,13 @@ from rich.table import Table
 
 from minisgl.bench_one_batch import load_model
 from minisgl.layers.linear import (
-    CPU_MULTIPLIES_BFLOAT16,
     alternating_median_seconds,
     apply_linear,
     blocked_gemv,
     column_blocked,
     min_packed_rows,
     mkl_gemv_is_faster,
+    multiplies_in_float32,
     prepack_weight,
 )
 from minisgl.server_args import ServerArgs
@@ -64,7 +64,7 @@ def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
     blocked = [column_blocked(w) for w in plain]
     kernels = {BLOCKED: lambda xs: [blocked_gemv(x, b, len(w)) for x, b, w in zip(xs, blocked, plain)],
                PLAIN: lambda xs: [F.linear(x, w) for x, w in zip(xs, plain)]}  # fmt: skip
-    if plain[0].dtype == torch.bfloat16 and not CPU_MULTIPLIES_BFLOAT16:
+    if multiplies_in_float32(plain[0]):
         copies = [prepack_weight(w.float()) for w in plain]
         kernels[FLOAT32] = lambda xs: [apply_linear(x.float(), c).to(x.dtype) for x, c in zip(xs, copies)]
     packed = [prepack_weight(w) for w in plain]
@@ -110,7 +110,8 @@ def main(argv: list[str] | None = None) -> None:
     copies = "yes" if mkl_gemv_is_faster() else "no"
     console.print(f"the probes here: oneDNN's 1-3 row inputs padded: {padding}; column-blocked copies for float32 single rows: "
                   f"{copies}")  # fmt: skip
-    table = Table(title="decode linears, GB/s (median); * = the kernel apply_linear runs")
+    # the weights' bytes in the row's dtype: the float32 copies read twice the bfloat16 bytes they are credited with
+    table = Table(title="decode linears, GB/s of the dtype's weight bytes (median); * = the kernel apply_linear runs")
     offered = {name for d in args.dtypes for name in kernel_variants([torch.zeros(1, 1, dtype=DTYPES[d])])}
     shown = [name for name in KERNELS if name in offered]  # none that this CPU offers for none of the dtypes
     for column in ("model", "dtype", "rows", *shown, "picked / fastest"):

@@ -204,7 +204,7 @@ def _commit(data: dict) -> str:
     return f"The minisgl commit measured: `{commit.removesuffix('+changes')}`{changes}. "
 
 
-def _machine(machine: dict | None) -> str:
+def _machine(machine: dict | None, rows: list[dict] = ()) -> str:
     """The CPU the results were measured on (results written before perf.py recorded it have none)."""
     if not machine:
         return ""
@@ -218,11 +218,12 @@ def _machine(machine: dict | None) -> str:
             f" The start-up probes chose: 1-3 decode rows {padding} for oneDNN; column-blocked "
             f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
         )
-    if machine.get("bfloat16_float32_copies"):  # recorded from the run that introduced the copies on
+    if machine.get("bfloat16_float32_copies") and any(r["dtype"] == "bfloat16" for r in rows):
         probes += (
-            " This CPU has no bfloat16 arithmetic: minisgl's bfloat16 linears multiply batched rows through "
-            "float32 copies of their weights (`keep_float32_copy`), and the bfloat16 matmul peak is that "
-            "float32 product, the fastest bfloat16 product the machine has."
+            " oneDNN has no bfloat16 kernels on this CPU: minisgl's bfloat16 linears multiply batched rows through "
+            "float32 copies of their weights (`keep_float32_copy`), which read twice the bytes the bandwidth floor "
+            "counts, and the bfloat16 matmul peak is that float32 product, the fastest bfloat16 product the "
+            "machine has."
         )
     return (
         f"Measured on: {machine['cpu']}, {machine['cores']} cores, {machine['torch_threads']} torch threads, "
@@ -242,7 +243,7 @@ def _other_cpu_section() -> list[str]:
         rows = data["rows"]
         models = ", ".join(dict.fromkeys(r["model"] for r in rows))
         out.append(
-            f"\n### `bench/{path.name}`: {models}\n\n{_commit(data)}{_machine(data.get('machine'))}"
+            f"\n### `bench/{path.name}`: {models}\n\n{_commit(data)}{_machine(data.get('machine'), rows)}"
             f"Matmul peaks (the run's best): {_matmul_peaks(data['peaks'], 1e9, 'GFLOP/s')}; read bandwidth "
             f"{_bandwidth(data['peaks'])}; {_processes(data)}.\n\nThe targets against this run:\n\n"
         )
@@ -352,7 +353,7 @@ def bench_pages() -> dict[str, str]:
         "share of the measured matmul peak (exact FLOPs: layers, causal attention, last-token LM head), decode "
         "as the bandwidth floor (weight bytes read per step / measured read bandwidth) over the step time; the "
         "K/V cache a step also reads is not in the floor (its time is in the decode breakdown below).\n\n"
-        f"{_commit(data)}{_machine(data.get('machine'))}"
+        f"{_commit(data)}{_machine(data.get('machine'), rows)}"
         "Machine peaks: a matmul peak is the fastest repetition of torch's `F.linear` (MKL) or minisgl's linear "
         "(oneDNN's prepacked; bfloat16 on a CPU without bfloat16 arithmetic, its float32 copy) on "
         "2048-square matrices (8192 on CUDA). The run's best, of a measurement before it and one after: "

@@ -295,6 +295,9 @@ def test_bench_page_shows_runs_on_other_cpus_with_their_own_targets(tmp_path, mo
     section = rest.split("## On CUDA")[0]
     assert "### `bench/results-cpu-avx2.json`" in section and "Measured on: AMD EPYC 7B13" in section
     assert "multiply batched rows through float32 copies" in section and "float32 copies" not in main
+    assert any(r["dtype"] == "bfloat16" for r in other["rows"])
+    float32_only = {**other, "rows": [r for r in other["rows"] if r["dtype"] == "float32"]}
+    assert "float32 copies" not in site_bench._machine(float32_only["machine"], float32_only["rows"])
     assert "| 45.6 [44.4-46.8] |" in section and "| 45.6 [44.4-46.8] |" not in main
     assert "| 3% | no |" in section and "| 3% | no |" not in main
     model, engines = other["rows"][0]["model"], site_bench._engines(other["rows"])

@@ -106,26 +106,42 @@ def _packed_rows_probe() -> int:
     return 4 if _is_faster_by_a_tenth(rows(four), rows(one)) else 1
 
 
-# Whether oneDNN multiplies bfloat16 on this CPU (AVX512-BF16, AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX): without it
-# torch's bfloat16 matmul is a generic kernel that batched rows reach in float32 instead (``keep_float32_copy``).
+# Whether oneDNN multiplies bfloat16 on this CPU (AVX512-BF16, AVX-512 BW/VL/DQ, AVX-NE-CONVERT or AMX). False on an
+# AVX2-only x86 CPU (and wherever torch is built without oneDNN): there torch's bfloat16 matmul is a generic kernel,
+# and batched rows multiply float32 copies instead (``keep_float32_copy``).
 CPU_MULTIPLIES_BFLOAT16 = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
 
 
 def multiplies_in_float32(weight: torch.Tensor) -> bool:
-    """Whether batched rows multiply ``weight`` in float32 (``keep_float32_copy``): bfloat16 on a CPU without
-    bfloat16 arithmetic."""
-    return weight.dtype == torch.bfloat16 and weight.device.type == "cpu" and not CPU_MULTIPLIES_BFLOAT16
+    """Whether batched rows multiply ``weight`` in float32 (``keep_float32_copy``): a plain bfloat16 CPU weight
+    on a CPU where oneDNN has no bfloat16 kernels."""
+    return (
+        weight.dtype == torch.bfloat16
+        and weight.device.type == "cpu"
+        and not weight.is_mkldnn
+        and not CPU_MULTIPLIES_BFLOAT16
+    )
+
+
+def linear_in_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
+    """``x @ weight.T + bias`` of bfloat16 tensors, multiplied in float32 and rounded to bfloat16 once.
+
+    Eagerly it reads the copy ``keep_float32_copy`` made at load. Traced, it converts the weight in the graph:
+    Inductor's freezing folds that conversion into a packed float32 constant, once per compiled graph (a copy
+    made eagerly, a oneDNN tensor, cannot go into a traced ``F.linear``)."""
+    float32_weight = None if torch.compiler.is_compiling() else getattr(weight, "float32_weight", None)
+    float32_weight = weight.float() if float32_weight is None else float32_weight
+    float32_bias = None if bias is None else bias.float()
+    return apply_linear(x.float(), float32_weight, float32_bias).to(x.dtype)
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """``x @ weight.T + bias`` with the kernel chosen at load for this weight: oneDNN's packed one (padded where
+    ``min_packed_rows`` says), MKL's over a column-blocked copy for one float32 row (``keep_gemv_copy``), float32
+    copies for batched bfloat16 rows on CPUs without bfloat16 arithmetic, else ``F.linear``."""
     if not weight.is_mkldnn:
-        if x.shape[0] > 1 and multiplies_in_float32(weight):
-            # Eagerly the copy made at load; compiled, the conversion of a frozen weight, which Inductor folds
-            # into a packed float32 constant.
-            float32_weight = getattr(weight, "float32_weight", None)
-            float32_weight = weight.float() if float32_weight is None else float32_weight
-            float32_bias = None if bias is None else bias.float()
-            return apply_linear(x.float(), float32_weight, float32_bias).to(x.dtype)
+        if multiplies_in_float32(weight) and x.shape[0] > 1:
+            return linear_in_float32(x, weight, bias)
         return F.linear(x, weight, bias)
     rows = x.shape[0]
     gemv_weight = getattr(weight, "gemv_weight", None)
@@ -242,13 +258,16 @@ def keep_float32_copy(weight: torch.Tensor) -> None:
     """Give a bfloat16 weight on a CPU without bfloat16 arithmetic (``CPU_MULTIPLIES_BFLOAT16``) a prepacked
     float32 copy, which ``apply_linear`` reads for inputs of two or more rows.
 
-    Without AVX512-BF16 or AVX-NE-CONVERT (an AVX2-only CPU) torch multiplies bfloat16 matrices in a generic
+    Where oneDNN has no bfloat16 kernels (an AVX2-only CPU) torch multiplies bfloat16 matrices in a generic
     kernel at a fifth of float32's rate, compute-bound from two rows on: on a 2-core AMD EPYC (Zen 3, AVX2)
     dummy134's linears run at 18-19 GFLOP/s at every row count (8 rows: 75 ms a step; 128: 1.14 s), float32
     ones at 84-114. The copy is exact (every bfloat16 value is a float32 one), its products and sums are
     float32 as a bfloat16 GEMM's are, and the output is rounded to bfloat16 once, so results move by summation
-    order only. A single row keeps the bfloat16 weight: that GEMV streams half the bytes and is bandwidth-bound
-    (18 GB/s). The price is 4 bytes per parameter (SmolLM2: +540 MB on its 270).
+    order only. A single row keeps the bfloat16 weight, whose GEMV streams half the bytes: there, in
+    bfloat16 bytes per second (``bench/decode_kernels.py``), dummy134's linears and head read at 15.1 GB/s
+    through ``F.linear`` against 9.1 through the copy, SmolLM2's 14.2 against 8.2; at 2 rows they tie (8.7 /
+    8.8), at 8 the copy leads (5.7 against 2.2). The price is 4 bytes per parameter (SmolLM2: +540 MB on its
+    270), and batched rows read twice the bytes the model's dtype implies.
     """
     if multiplies_in_float32(weight):
         weight.float32_weight = prepack_weight(weight.detach().float())

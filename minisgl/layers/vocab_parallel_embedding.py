@@ -53,10 +53,11 @@ class ParallelLMHead(VocabParallelEmbedding):
 
 
 def prepack_lm_head(lm_head: VocabParallelEmbedding) -> None:
-    """An untied head keeps only the prepacked weight; a head tied to the embedding keeps both."""
+    """An untied head keeps only the prepacked weight; a head tied to the embedding keeps both. A weight oneDNN
+    cannot pack stays plain, with a float32 copy for batched rows where it is bfloat16 (``keep_float32_copy``)."""
     packed = prepack_weight(lm_head.weight)
     if packed is lm_head.weight:
-        keep_float32_copy(lm_head.weight)
+        keep_float32_copy(lm_head.weight)  # a no-op but for bfloat16 on a CPU without bfloat16 arithmetic
         return
     keep_gemv_copy(packed, lm_head.weight)
     if isinstance(lm_head, ParallelLMHead):
