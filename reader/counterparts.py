@@ -641,6 +641,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.linear.mkl_gemv_is_faster": "SGLang's CPU path always packs for its AMX kernels (amx_utils); minisgl probes which kernel reads a single row fastest",
     "minisgl.layers.linear.keep_gemv_copy": "SGLang keeps one packed weight per linear on CPU; minisgl adds a column-blocked copy for MKL's single-row GEMV where the probe finds it faster",
     "minisgl.layers.linear.keep_float32_copy": "SGLang packs CPU weights only where cpu_has_amx_support() (amx_process_weight_after_loading) and otherwise leaves bfloat16 to F.linear (torch's generic kernel on an AVX2-only CPU); minisgl keeps float32 copies on CPUs without bfloat16 arithmetic",
+    "minisgl.layers.linear.linear_in_float32": "the product over keep_float32_copy's copy; SGLang's CPU linears call sgl_kernel's weight_packed_linear (AMX) or F.linear",
     "minisgl.layers.linear.multiplies_in_float32": "the rule behind keep_float32_copy; SGLang's CPU kernel choice is cpu_has_amx_support() alone",
     "minisgl.layers.linear.min_packed_rows": "SGLang's CPU path packs for its AMX kernels and never pads rows; minisgl probes, on first use, whether oneDNN's 4-row kernel is faster",
     "minisgl.layers.linear._packed_rows_probe": "the padding probe behind min_packed_rows",
