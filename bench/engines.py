@@ -14,6 +14,7 @@ import gc
 import io
 import multiprocessing
 import os
+import signal
 import statistics
 import time
 import traceback
@@ -277,6 +278,10 @@ def serve(name: str, device: str, conn: Connection) -> None:
             conn.send(("error", traceback.format_exc()))
 
 
+class EngineDied(RuntimeError):
+    """An engine's process is gone: killed (out of memory, most often) or crashed."""
+
+
 class EngineProcess:
     """The parent's handle on one engine process: ``call("load", ...)``, ``call("run", ...)``, then ``close()``.
 
@@ -298,7 +303,10 @@ class EngineProcess:
             status, value = self.conn.recv()
         except (EOFError, OSError):  # the process is gone (a broken pipe on send, EOF on receive)
             self.process.join(5)
-            raise RuntimeError(f"the {self.name} engine's process died (exit code {self.process.exitcode})") from None
+            code = self.process.exitcode
+            # SIGKILL is what the kernel's out-of-memory killer sends
+            cause = ", killed: out of memory?" if code == -signal.SIGKILL else ""
+            raise EngineDied(f"the {self.name} engine's process died (exit code {code}{cause})") from None
         if status == "input":
             raise InputError(value)
         if status == "error":

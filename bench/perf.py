@@ -9,16 +9,17 @@ minisgl runs through the same code as ``bench_one_batch`` (``load_model`` + ``la
 in the bench);
 HF runs ``generate`` (greedy, sdpa attention, its default cache) on the same weights, each step timed by a
 logits processor that stamps the clock as every new token's logits arrive. Each engine runs in a process of its
-own for the whole run (``bench/engines.py``): minisgl's runners set their glibc heap settings
+own, a fresh one for each model and dtype (``bench/engines.py``): minisgl's runners set their glibc heap settings
 (``keep_freed_cpu_memory``) in theirs, and HF keeps glibc's defaults, as a user would run it. Engines alternate
 between repetitions, each timed run right after an untimed prefill of the same workload in the same engine (as
 ``bench_one_batch`` times a run after its warm-up); medians are reported with min and max. The matmul peak (float32,
 bfloat16) and the memory read bandwidth are measured in this parent process while the engines wait, under the heap
 settings minisgl's engines have (as when all of it ran in one process): once before and after the run, and both
 again right before every engine's run of every row, whose shares use the medians of its own samples. Results: a
-table, and JSON (``--output``). With ``--device cuda`` every engine and probe runs on the GPU, timed with a
-synchronize around each measurement; ``smollm2-shape`` is SmolLM2-135M's architecture with random weights, for
-machines that cannot fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and
+table, and JSON (``--output``); each finished row is also kept in ``<output>.partial`` until then, so that a run
+stopped by a dead engine or Ctrl-C is finished with ``--resume`` (``bench/progress.py``). With ``--device cuda``
+every engine and probe runs on the GPU, timed with a synchronize around each measurement; ``smollm2-shape`` is
+SmolLM2-135M's architecture with random weights, for machines that cannot fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and
 the same times (eager, 1,128,16, both models alternating in one process, median of 8, real -> shape: float32 prefill
 95.9 -> 95.7 ms, decode 23.36 -> 23.75; bfloat16 66.4 -> 66.7, 14.10 -> 13.97).
 """
@@ -35,6 +36,7 @@ import subprocess
 import sys
 import tempfile
 
+import progress  # bench/progress.py
 import torch
 import torch.nn.functional as F
 from engines import (  # bench/engines.py: this script's folder is first on sys.path
@@ -42,6 +44,7 @@ from engines import (  # bench/engines.py: this script's folder is first on sys.
     DTYPES,
     ENGINES,
     MODELS,
+    EngineDied,
     EngineProcess,
     best_time,
     meta_model,
@@ -234,6 +237,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="minisgl: eager; compiled: --enable-torch-compile; hf: HF transformers generate",
     )
     parser.add_argument("--output", default="bench/results.json", help="the JSON results (the table goes to stdout)")
+    parser.add_argument("--resume", action="store_true",
+                        help="finish the run that stopped with its rows kept in <output>.partial")  # fmt: skip
     parser.add_argument("--device", default="cpu", help="cpu, cuda or cuda:N: where every engine and probe runs")
     args = parser.parse_args(argv)
     try:
@@ -260,81 +265,102 @@ def cli(argv: list[str] | None = None) -> int:
     except InputError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    except EngineDied as e:
+        print(f"error: {e}. {progress.kept_note(args.output)}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print(f"interrupted. {progress.kept_note(args.output)}", file=sys.stderr)
+        return 130
     return 0
 
 
 def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     keep_freed_cpu_memory()  # for the probes here only: settings made in this process do not reach spawned engines
-    commit = source_commit()  # before the run: the tree an hour-long run measured is the one it started from
-    peaks, bandwidths = machine_peaks(device, args.dtypes), [read_bandwidth(device)]
+    # the commit before the run: the tree an hour-long run measured is the one it started from
+    run = {"commit": source_commit(), "device": device.type, "engines": args.engines, "reps": args.reps}
+    kept = progress.start(args.output, args.resume, run)  # refuses a mismatched --resume before measuring anything
+    done = {progress.row_key(row) for row in kept["rows"]}
+    # A shared machine's matmul peaks drift: the run keeps the best of those measured before and after the engines
+    # ran (in every session of a resumed run), and every bandwidth measured.
+    kept["peaks"] = best_peaks(kept.get("peaks", {}), machine_peaks(device, args.dtypes))
+    kept["read_bandwidth_samples"] = [*kept.get("read_bandwidth_samples", []), read_bandwidth(device)]
+    kept.setdefault("machine", machine_info(device))
     paths = model_paths(args.models, scratch)
     max_tokens = max(b * (i + o) for b, i, o in args.workloads) + 64  # the KV pool every workload fits in
-    rows = []
-    with contextlib.ExitStack() as stack:
-        engines = {name: stack.enter_context(EngineProcess(name, device)) for name in args.engines}
-        for model_name in args.models:
-            for dtype_name in args.dtypes:
+    for model_name in args.models:
+        for dtype_name in args.dtypes:
+            todo = [w for w in args.workloads if (model_name, dtype_name, *w) not in done]
+            if not todo:
+                continue
+            # Fresh engine processes for each model and dtype: what one left behind (compiled graphs, each with its
+            # own copy of the weights; a fragmented heap) cannot crowd the next out of memory.
+            with contextlib.ExitStack() as stack:
+                engines = {name: stack.enter_context(EngineProcess(name, device)) for name in args.engines}
                 for engine in engines.values():
                     engine.call("load", paths[model_name], dtype_name, max_tokens)
-                rows += run_rows(args, device, engines, model_name, dtype_name, paths[model_name])
-                for engine in engines.values():  # every engine's weights go before the next load
-                    engine.call("unload")
-    # A shared machine's matmul peaks drift: keep the better of the measurements before and after the engines ran.
-    after = machine_peaks(device, args.dtypes)
-    peaks = {key: max(value, after[key]) for key, value in peaks.items()}
-    bandwidths += [b for row in rows for b in row["read_bandwidth_samples"]] + [read_bandwidth(device)]
+                counted = meta_model(paths[model_name], DTYPES[dtype_name])  # FLOPs and bytes, on no memory
+                for workload in todo:
+                    kept["rows"].append(run_row(args, device, engines, model_name, dtype_name, counted, workload))
+                    progress.save(args.output, kept)
+    rows, peaks = kept["rows"], best_peaks(kept["peaks"], machine_peaks(device, args.dtypes))
+    bandwidths = [*kept["read_bandwidth_samples"], *(b for row in rows for b in row["read_bandwidth_samples"]),
+                  read_bandwidth(device)]  # fmt: skip
     peaks["read_bandwidth_bytes"], peaks["read_bandwidth_samples"] = statistics.median(bandwidths), bandwidths
     print_table(rows, peaks)
     # minisgl's eager engine replays its decodes from CUDA graphs on CUDA (ServerArgs' default there)
-    results = {"commit": commit, "machine": machine_info(device), "device": device.type, "process_per_engine": True,
+    results = {"commit": run["commit"], "machine": kept["machine"], "device": device.type, "process_per_engine": True,
                "warm_up_before_each_run": True, "minisgl_cuda_graph": device.type == "cuda", "peaks": peaks,
                "rows": rows}  # fmt: skip
     write_whole(args.output, lambda f: json.dump(results, f, indent=1))
+    progress.finish(args.output)
     print(f"written {args.output}")
 
 
-def run_rows(args, device: torch.device, engines: dict, model_name: str, dtype_name: str, path: str) -> list[dict]:
-    """One row per workload for a model and dtype the engines have loaded: every engine's repetitions, alternating."""
-    counted = meta_model(path, DTYPES[dtype_name])  # FLOPs and weight bytes from the architecture, on no memory
-    rows = []
-    for b, i, o in args.workloads:
-        for engine in engines.values():
-            engine.call("run", b, i, min(o, 4))  # warm-up (and compile), as the bench does
-        samples, linears, prefill_parts, row_bandwidths, row_peaks = {name: [] for name in engines}, [], [], [], []
-        for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
-            for name, engine in engines.items():
-                # the bandwidth and matmul peak this run is about to have
-                row_bandwidths.append(read_bandwidth(device))
-                row_peaks.append(matmul_peak(device, DTYPES[dtype_name], reps=2))
-                # An untimed prefill of the same workload first, so the timed run follows the engine's own work, as
-                # in bench_one_batch (a warm-up, then the run), not the probes and another engine's: on a 2-core AMD
-                # EPYC, SmolLM2 bfloat16 1,128,8, seven alternating runs each, prefill median cold -> warmed up:
-                # minisgl 60.1 -> 52.0 ms, HF 65.4 -> 62.0 ms; decode steps unchanged (13.2, 19.6-19.7 ms).
-                engine.call("run", b, i, 2)
-                samples[name].append(engine.call("run", b, i, o))
-            if "minisgl" in engines:
-                linears.append(engines["minisgl"].call("linears", b))
-                prefill_parts.append(engines["minisgl"].call("prefill_parts", b, i))
-        row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
-        for name, values in samples.items():
-            row[f"{name}_prefill_s"] = summarize([v[0] for v in values])
-            row[f"{name}_decode_s"] = summarize([v[1] for v in values])
-        if linears:
-            row["decode_linears_s"] = summarize(linears)
-            row["prefill_linears_s"] = summarize([part[0] for part in prefill_parts])
-            row["prefill_attention_s"] = summarize([part[1] for part in prefill_parts])
-        row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(counted, b, i), decode_bytes(counted)
-        row["prefill_attention_flops"] = prefill_attention_flops(counted, b, i)
-        row["decode_kv_bytes"] = decode_kv_bytes(counted, b, i, o)
-        row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
-        row["read_bandwidth_samples"] = row_bandwidths
-        row["matmul_peak_flops"], row["matmul_peak_samples"] = statistics.median(row_peaks), row_peaks
-        add_speedups(row)
-        add_roofline_shares(row)
-        rows.append(row)
-        speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
-        print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
-    return rows
+def best_peaks(*measured: dict) -> dict:
+    """Each matmul peak's best measurement."""
+    return {key: max(m[key] for m in measured if key in m) for key in {k for m in measured for k in m}}
+
+
+def run_row(args, device: torch.device, engines: dict, model_name: str, dtype_name: str, counted, workload) -> dict:
+    """One workload's row for a model and dtype the engines have loaded: every engine's repetitions, alternating.
+    ``counted`` is the model on the meta device, for the row's FLOPs and bytes."""
+    b, i, o = workload
+    for engine in engines.values():
+        engine.call("run", b, i, min(o, 4))  # warm-up (and compile), as the bench does
+    samples, linears, prefill_parts, row_bandwidths, row_peaks = {name: [] for name in engines}, [], [], [], []
+    for _ in range(args.reps):  # alternate engines so drifting machine load hits all alike
+        for name, engine in engines.items():
+            # the bandwidth and matmul peak this run is about to have
+            row_bandwidths.append(read_bandwidth(device))
+            row_peaks.append(matmul_peak(device, DTYPES[dtype_name], reps=2))
+            # An untimed prefill of the same workload first, so the timed run follows the engine's own work, as
+            # in bench_one_batch (a warm-up, then the run), not the probes and another engine's: on a 2-core AMD
+            # EPYC, SmolLM2 bfloat16 1,128,8, seven alternating runs each, prefill median cold -> warmed up:
+            # minisgl 60.1 -> 52.0 ms, HF 65.4 -> 62.0 ms; decode steps unchanged (13.2, 19.6-19.7 ms).
+            engine.call("run", b, i, 2)
+            samples[name].append(engine.call("run", b, i, o))
+        if "minisgl" in engines:
+            linears.append(engines["minisgl"].call("linears", b))
+            prefill_parts.append(engines["minisgl"].call("prefill_parts", b, i))
+    row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
+    for name, values in samples.items():
+        row[f"{name}_prefill_s"] = summarize([v[0] for v in values])
+        row[f"{name}_decode_s"] = summarize([v[1] for v in values])
+    if linears:
+        row["decode_linears_s"] = summarize(linears)
+        row["prefill_linears_s"] = summarize([part[0] for part in prefill_parts])
+        row["prefill_attention_s"] = summarize([part[1] for part in prefill_parts])
+    row["prefill_flops"], row["decode_bytes"] = exact_prefill_flops(counted, b, i), decode_bytes(counted)
+    row["prefill_attention_flops"] = prefill_attention_flops(counted, b, i)
+    row["decode_kv_bytes"] = decode_kv_bytes(counted, b, i, o)
+    row["read_bandwidth_bytes"] = statistics.median(row_bandwidths)
+    row["read_bandwidth_samples"] = row_bandwidths
+    row["matmul_peak_flops"], row["matmul_peak_samples"] = statistics.median(row_peaks), row_peaks
+    add_speedups(row)
+    add_roofline_shares(row)
+    speedups = ", ".join(f"{key} x{value:.2f}" for key, value in row.items() if key.endswith("speedup"))
+    print(f"{model_name} {dtype_name} {b},{i},{o}: {speedups} (HF time / ours)", flush=True)
+    return row
 
 
 def add_speedups(row: dict) -> None:

@@ -164,12 +164,14 @@ def test_an_engine_process_reports_a_failure_and_keeps_serving(engines, tiny_lla
 
 
 def test_a_dead_engine_process_is_named_in_one_error(engines):
-    """An engine process that died (killed, say, by the OOM killer) is reported as gone, with its exit code, on the
-    next call: not as a bare broken pipe."""
+    """An engine process that died (killed, say, by the OOM killer) is reported as gone, with its exit code and what
+    SIGKILL most often means, on the next call: not as a bare broken pipe."""
     engine = engines.EngineProcess("hf", torch.device("cpu"))
     engine.process.kill()
     engine.process.join()
-    with pytest.raises(RuntimeError, match=r"^the hf engine's process died \(exit code -9\)$"):
+    with pytest.raises(
+        engines.EngineDied, match=r"^the hf engine's process died \(exit code -9, killed: out of memory\?\)$"
+    ):
         engine.call("unload")
     engine.close()
 
@@ -305,7 +307,7 @@ def test_bfloat16_matmul_peak_times_the_kernel_minisgl_runs(perf, monkeypatch):
 def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch):
     """A tiny whole run: the JSON holds one row for the workload asked, timed by each engine asked at each repetition
     with a bandwidth and a matmul peak sample before each run, and the random-weight checkpoint it saved (half a GB
-    for dummy134 in float32) is gone afterwards."""
+    for dummy134 in float32) is gone afterwards, and so is the row kept in results.json.partial while it ran."""
     import json
     import tempfile
 
@@ -341,11 +343,11 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert data["machine"]["bfloat16_float32_copies"] == (not has_bfloat16_kernels)
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
-    assert list(scratch.iterdir()) == []
+    assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "tmp"]
 
 
 def test_each_timed_run_follows_the_probes_and_a_warm_up_of_its_workload(perf, tiny_llama, monkeypatch):
-    """run_rows, on fake engines: per repetition and engine, the probes, then an untimed prefill of the same workload
+    """run_row, on fake engines: per repetition and engine, the probes, then an untimed prefill of the same workload
     (output 2) in that engine, then the timed run; only the timed runs' figures become the row's samples."""
     calls = []
 
@@ -361,10 +363,11 @@ def test_each_timed_run_follows_the_probes_and_a_warm_up_of_its_workload(perf, t
 
     monkeypatch.setattr(perf, "read_bandwidth", lambda device: calls.append(("probe", "bandwidth")) or 3e10)
     monkeypatch.setattr(perf, "matmul_peak", lambda device, dtype, reps: calls.append(("probe", "peak")) or 1e11)
-    args = SimpleNamespace(workloads=[(1, 8, 3)], reps=2)
+    args = SimpleNamespace(reps=2)
     engines = {name: FakeEngine(name) for name in ("minisgl", "hf")}
+    counted = perf.meta_model(tiny_llama, torch.float32)
 
-    (row,) = perf.run_rows(args, torch.device("cpu"), engines, "tiny", "float32", tiny_llama)
+    row = perf.run_row(args, torch.device("cpu"), engines, "tiny", "float32", counted, (1, 8, 3))
 
     turn = lambda name: [("probe", "bandwidth"), ("probe", "peak"), (name, "run", 1, 8, 2), (name, "run", 1, 8, 3)]
     repetition = turn("minisgl") + turn("hf") + [("minisgl", "linears", 1), ("minisgl", "prefill_parts", 1, 8)]
@@ -372,6 +375,76 @@ def test_each_timed_run_follows_the_probes_and_a_warm_up_of_its_workload(perf, t
     assert calls == first_warm_ups + repetition * 2
     assert all(row[f"{e}_prefill_s"]["samples"] == [1.0, 1.0] for e in engines)
     assert all(row[f"{e}_decode_s"]["samples"] == [0.1, 0.1] for e in engines)
+
+
+def test_a_stopped_run_keeps_its_rows_and_resume_runs_only_the_rest(
+    perf, engines, tiny_llama, tmp_path, monkeypatch, capsys
+):
+    """The engines' processes die in the bfloat16 half of a run: the float32 row is kept in <output>.partial, the
+    run ends in one line (exit 1) that says so, and no results file is written. A plain rerun refuses to overwrite
+    the kept row, a --resume with other repetitions refuses to mix them in; --resume then runs only the bfloat16
+    row, in fresh processes for that model and dtype alone, and writes both rows."""
+    import json
+
+    started, dying = [], {"bfloat16"}
+
+    class FakeProcess:
+        def __init__(self, name, device):
+            started.append(name)
+            self.name, self.dtype = name, None
+
+        def call(self, method, *args):
+            if method == "load":
+                self.dtype = args[1]
+            if method == "run" and self.dtype in dying:
+                raise engines.EngineDied(
+                    f"the {self.name} engine's process died (exit code -9, killed: out of memory?)"
+                )
+            return {"run": (1.0, 0.1), "prefill_parts": (0.5, 0.5)}.get(method, 0.5)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc_info):
+            pass
+
+    monkeypatch.setattr(perf, "EngineProcess", FakeProcess)
+    monkeypatch.setattr(perf, "model_paths", lambda names, scratch: {"dummy134": tiny_llama})
+    monkeypatch.setattr(perf, "machine_peaks", lambda device, dtypes=(), reps=5: {"matmul_float32_flops": 1e11})
+    monkeypatch.setattr(perf, "matmul_peak", lambda device, dtype, reps: 1e11)
+    monkeypatch.setattr(perf, "read_bandwidth", lambda device: 3e10)
+    out = tmp_path / "results.json"
+    partial = tmp_path / "results.json.partial"
+    argv = ["--models", "dummy134", "--dtypes", "float32", "bfloat16", "--workloads", "1,8,3", "--reps", "1",
+            "--engines", "minisgl", "hf", "--output", str(out)]  # fmt: skip
+
+    assert perf.cli(argv) == 1
+    err = capsys.readouterr().err
+    assert err == (f"error: the minisgl engine's process died (exit code -9, killed: out of memory?). The finished "
+                   f"row is kept in {partial}: the same command with --resume runs the rest.\n")  # fmt: skip
+    assert not out.exists() and started == ["minisgl", "hf", "minisgl", "hf"]  # fresh processes per dtype
+    kept = json.loads(partial.read_text())["rows"]
+    assert [(row["dtype"], row["batch"]) for row in kept] == [("float32", 1)]
+
+    assert perf.cli(argv) == 2  # a plain rerun would overwrite the kept row
+    assert capsys.readouterr().err == (f"error: {partial} holds an unfinished run: add --resume to finish it, or "
+                                       "delete it to start over\n")  # fmt: skip
+    assert perf.cli([*argv, "--reps", "2", "--resume"]) == 2  # --reps 2 against the kept run's 1
+    assert "has reps 1, this one 2" in capsys.readouterr().err
+
+    dying.clear()
+    started.clear()
+    assert perf.cli([*argv, "--resume"]) == 0
+    assert started == ["minisgl", "hf"]  # the float32 row was not run again
+    rows = json.loads(out.read_text())["rows"]
+    assert [(row["dtype"], row["batch"]) for row in rows] == [("float32", 1), ("bfloat16", 1)]
+    assert rows[0] == kept[0] and not partial.exists()
+
+
+def test_resume_without_an_unfinished_run_is_refused_in_one_line(perf, tmp_path, capsys):
+    out = tmp_path / "results.json"
+    assert perf.cli(["--output", str(out), "--resume"]) == 2
+    assert capsys.readouterr().err == f"error: --resume: no unfinished run at {out}.partial; run without --resume\n"
 
 
 def test_prefill_levers_script_runs_both_levers(monkeypatch, capsys):
