@@ -57,9 +57,11 @@ from rich.table import Table
 from minisgl.bench_utils import OneLineErrorParser
 from minisgl.configs.model_config import ModelConfig
 from minisgl.layers.linear import (
+    MKL_GEMM_MIN_ROWS,
     apply_linear,
     keep_float32_copy,
     min_packed_rows,
+    mkl_gemm_is_faster,
     mkl_gemv_is_faster,
     multiplies_in_float32,
     prepack_weight,
@@ -166,6 +168,8 @@ def machine_info(device: torch.device = CPU) -> dict:
         # the start-up probes' kernel choices (minisgl.layers.linear), made here; each engine process makes its own
         "padded_rows": min_packed_rows(),
         "mkl_gemv_copies": mkl_gemv_is_faster(),
+        "mkl_gemm_copies": mkl_gemm_is_faster(),
+        "mkl_gemm_min_rows": MKL_GEMM_MIN_ROWS,
         # batched bfloat16 rows multiply float32 copies (a CPU without bfloat16 arithmetic)
         "bfloat16_float32_copies": device.type == "cpu" and multiplies_in_float32(torch.empty(0, dtype=torch.bfloat16)),
         "torch": torch.__version__,

@@ -5,7 +5,9 @@
     python bench/prefill_levers.py --allocator                      # glibc's settings instead (~2 min)
 
 *tiled attention* is ``causal_prefill_attention`` against SDPA (``TILED_PREFILL_DTYPES``),
-*MLP blocks* is ``LlamaMLP``'s row blocks against one block (``_MLP_BLOCK_BYTES``). Each variant runs the same
+*MLP blocks* is ``LlamaMLP``'s row blocks against one block (``_MLP_BLOCK_BYTES``), *MKL GEMM copies* is MKL's GEMM
+on the plain float32 weights for long prefills against oneDNN's packed kernel (``MKL_GEMM_MIN_ROWS``; the copies
+exist only where ``mkl_gemm_is_faster``, elsewhere both variants are the same). Each variant runs the same
 ``bench_one_batch`` path as ``bench/perf.py``, alternating between repetitions on one loaded model; the table
 shows median prefill times and the ratio off / on (above 1: the lever helps). With ``--compiled`` each variant
 compiles its own graph in the warm-up. *heap reuse* (``--allocator``) is ``keep_freed_cpu_memory``
@@ -30,6 +32,7 @@ from rich.console import Console
 from rich.table import Table
 
 import minisgl.layers.attention.tiled_prefill as tiled_prefill
+import minisgl.layers.linear as linear
 from minisgl.bench_one_batch import load_model
 from minisgl.models import llama
 from minisgl.server_args import ServerArgs
@@ -38,6 +41,7 @@ from minisgl.utils.common import USER_MALLOC_SETTINGS
 LEVERS = {
     "tiled attention": (tiled_prefill, "TILED_PREFILL_DTYPES", frozenset()),
     "MLP blocks": (llama, "_MLP_BLOCK_BYTES", 1 << 62),
+    "MKL GEMM copies": (linear, "MKL_GEMM_MIN_ROWS", 1 << 62),
 }
 
 

@@ -639,6 +639,8 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.linear.copy_checked": "SGLang asserts shapes inside each weight_loader",
     "minisgl.layers.linear.shard": "SGLang narrows inside each weight_loader",
     "minisgl.layers.linear.mkl_gemv_is_faster": "SGLang's CPU path always packs for its AMX kernels (amx_utils); minisgl probes which kernel reads a single row fastest",
+    "minisgl.layers.linear.mkl_gemm_is_faster": "SGLang's CPU path always packs for its AMX kernels (amx_utils), else F.linear on the plain weight; minisgl probes whether MKL's GEMM on the plain weight beats oneDNN's packed kernel on a long prefill's rows",
+    "minisgl.layers.linear.keep_gemm_copy": "SGLang keeps one weight per linear on CPU; minisgl keeps the plain float32 weight beside the packed one for long prefills where the probe finds MKL faster",
     "minisgl.layers.linear.keep_gemv_copy": "SGLang keeps one packed weight per linear on CPU; minisgl adds a column-blocked copy for MKL's single-row GEMV where the probe finds it faster",
     "minisgl.layers.linear.keep_float32_copy": "SGLang packs CPU weights only where cpu_has_amx_support() (amx_process_weight_after_loading) and otherwise leaves bfloat16 to F.linear (torch's generic kernel on an AVX2-only CPU); minisgl keeps float32 copies on CPUs without bfloat16 arithmetic",
     "minisgl.layers.linear.linear_in_float32": "the product over keep_float32_copy's copy; SGLang's CPU linears call sgl_kernel's weight_packed_linear (AMX) or F.linear",

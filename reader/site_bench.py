@@ -218,6 +218,11 @@ def _machine(machine: dict | None, rows: list[dict] = ()) -> str:
             f" The start-up probes chose: 1-3 decode rows {padding} for oneDNN; column-blocked "
             f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
         )
+    if "mkl_gemm_copies" in machine:  # recorded since the GEMM copies exist
+        probes += (
+            f" Plain float32 weights kept for MKL's GEMM on prefills of {machine['mkl_gemm_min_rows']} rows or "
+            f"more: {'yes' if machine['mkl_gemm_copies'] else 'no'}."
+        )
     if machine.get("bfloat16_float32_copies") and any(r["dtype"] == "bfloat16" for r in rows):
         probes += (
             " oneDNN has no bfloat16 kernels on this CPU: minisgl's bfloat16 linears multiply batched rows through "

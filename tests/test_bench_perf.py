@@ -228,8 +228,10 @@ def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path):
 
 def test_prefill_levers_switch_off_what_they_name(monkeypatch):
     """bench/prefill_levers.py's "off" values really take each lever out: causal prefill past one tile goes to
-    SDPA (bfloat16 and float32), and a long prefill's MLP runs as one block."""
+    SDPA (bfloat16 and float32), a long prefill's MLP runs as one block, and its linears on the packed weights
+    even where the plain ones are kept."""
     import minisgl.layers.attention.torch_native_backend as backend_module
+    from minisgl.layers import linear
     from minisgl.models import llama
 
     monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
@@ -245,6 +247,11 @@ def test_prefill_levers_switch_off_what_they_name(monkeypatch):
     mlp.gate_up_proj.register_forward_hook(lambda *a: gate_up_calls.append(1))
     mlp(torch.zeros(1 << 18, 16))  # 2**18 rows x 48 floats: 48 MiB of gate_up, three 16 MiB blocks when on
     assert tiled == [] and gate_up_calls == [1]
+    weight = torch.randn(8, 16)
+    packed = linear.prepack_weight(weight)
+    packed.gemm_weight = 2 * weight  # read it, and the output doubles
+    x = torch.randn(1 << 12, 16)
+    torch.testing.assert_close(linear.apply_linear(x, packed), x @ weight.T, atol=1e-5, rtol=1e-5)
 
 
 def test_smollm2_shape_has_the_default_models_parameters(engines):

@@ -114,6 +114,30 @@ def test_single_request_decode_matches_hf_with_either_gemv_layout(tiny_llama, ge
     assert tokens[0] == ref[0, len(prompt) :].tolist()
 
 
+@pytest.mark.parametrize("gemm_copies", [False, True], ids=["onednn-gemm", "mkl-gemm"])
+def test_prefill_matches_hf_with_either_gemm_kernel(tiny_llama, gemm_copies, monkeypatch):
+    """Long inputs run MKL's GEMM on the plain weights where it is the faster (forced either way here, and from two
+    rows on, so that every extend of the test prompts takes it): the prefill's logits and the greedy tokens
+    equal HF's both ways, and the plain weights are kept exactly when chosen."""
+    from minisgl.layers import linear
+
+    monkeypatch.setattr(linear, "mkl_gemm_is_faster", lambda: gemm_copies)
+    monkeypatch.setattr(linear, "MKL_GEMM_MIN_ROWS", 2)
+    runner = make_runner(tiny_llama)
+    weights = [
+        m.weight for m in runner.model.modules() if isinstance(m, linear.ReplicatedLinear | linear.RowParallelLinear)
+    ]
+    assert all(hasattr(w, "gemm_weight") == (gemm_copies and w.is_mkldnn) for w in weights)
+    logits, tokens = run_greedy(runner, PROMPTS, steps=STEPS)
+    hf = hf_model(tiny_llama)
+    for prompt, row_logits, row_tokens in zip(PROMPTS, logits, tokens):
+        with torch.no_grad():
+            ref_logits = hf(ids(prompt)).logits[0, -1]
+        torch.testing.assert_close(row_logits, ref_logits, atol=1e-4, rtol=0)
+        ref = hf.generate(ids(prompt), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False)
+        assert row_tokens == ref[0, len(prompt) :].tolist()
+
+
 def test_extend_on_cached_prefix_equals_full_extend(tiny_llama):
     """The correctness mode's two-step prefill: cut_len tokens first, then the rest on the cached prefix."""
     cut = 2

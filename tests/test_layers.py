@@ -150,10 +150,35 @@ def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch,
         torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
 
 
+@pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemm", "mkl-gemm"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gemm_copy_serves_long_inputs_only_and_matches_plain_linear(monkeypatch, faster, dtype):
+    """Where MKL's GEMM is the faster for long inputs (forced either way), a float32 packed weight keeps its plain
+    form, and only inputs of MKL_GEMM_MIN_ROWS rows or more read it (4 here); bfloat16 never keeps one. Every
+    row count gives the plain layer's values."""
+    monkeypatch.setattr(linear, "mkl_gemm_is_faster", lambda: faster)
+    monkeypatch.setattr(linear, "MKL_GEMM_MIN_ROWS", 4)
+    weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
+    packed = linear.prepack_weight(weight)
+    linear.keep_gemm_copy(packed, weight)
+    has_copy = faster and dtype == torch.float32 and packed.is_mkldnn
+    assert hasattr(packed, "gemm_weight") == has_copy
+    if has_copy:
+        assert not packed.gemm_weight.is_mkldnn and torch.equal(packed.gemm_weight, weight)
+        packed.gemm_weight = 2 * weight  # a copy that long inputs alone read: doubled, their outputs double
+    for rows, use_bias in [(1, False), (3, True), (4, True), (9, False)]:
+        x = torch.randn(rows, 40).to(dtype)
+        out = linear.apply_linear(x, packed, bias if use_bias else None)
+        scale = 2 if has_copy and rows >= 4 else 1
+        ref = torch.nn.functional.linear(x.double(), scale * weight.double())
+        ref = ref + bias.double() if use_bias else ref
+        torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
+
+
 @pytest.mark.parametrize("ratio", [0.85, 0.95])
 def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio):
-    """Both probes' rule, on timings given to them: the alternative kernel (4 padded rows; MKL over the
-    column-blocked copies) is chosen when it takes under 90% of the default's time, and not when it takes 95%."""
+    """The probes' rule, on timings given to them: the alternative kernel (4 padded rows; MKL over the
+    column-blocked copies; MKL over the plain weight) is chosen when it takes under 90% of the default's time, and not when it takes 95%."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # the padding probe runs on AMX CPUs only
     tiny = [torch.zeros(32, 8)]
     monkeypatch.setattr(linear, "_probe_weights", lambda: (tiny, [linear.prepack_weight(w) for w in tiny]))
@@ -163,6 +188,7 @@ def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio)
     if not linear.prepack_weight(tiny[0]).is_mkldnn:
         return  # without oneDNN there is nothing to copy for
     assert linear.mkl_gemv_is_faster.__wrapped__() == (ratio < 0.9)
+    assert linear.mkl_gemm_is_faster.__wrapped__() == (ratio < 0.9)
 
 
 def test_probe_timings_alternate_the_passes(monkeypatch):
@@ -193,8 +219,9 @@ def test_padding_probe_runs_on_first_use_only(monkeypatch):
     calls = []
     monkeypatch.setattr(linear, "_min_packed_rows", None)
     monkeypatch.setattr(linear, "_packed_rows_probe", lambda: calls.append(1) or 4)
-    # the other probe, real and cached for the session, is not this test's
+    # the other probes, real and cached for the session, are not this test's
     monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: False)
+    monkeypatch.setattr(linear, "mkl_gemm_is_faster", lambda: False)
     linear.prepack_linear_weights(torch.nn.Sequential(linear.ReplicatedLinear(8, 8)))
     assert calls == [1] and linear.min_packed_rows() == 4 and calls == [1]
 

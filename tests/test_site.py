@@ -318,6 +318,12 @@ def test_bench_page_names_the_probes_choices(padded_rows, copies, expected):
                "avx512_bf16": True, "padded_rows": padded_rows, "mkl_gemv_copies": copies}  # fmt: skip
     assert expected in _machine(machine)
     assert "probes" not in _machine({k: v for k, v in machine.items() if k not in ("padded_rows", "mkl_gemv_copies")})
+    assert "MKL's GEMM" not in _machine(machine)  # results written before the GEMM copies have no answer
+    gemm = _machine({**machine, "mkl_gemm_copies": copies, "mkl_gemm_min_rows": 512})
+    assert (
+        f"Plain float32 weights kept for MKL's GEMM on prefills of 512 rows or more: {'yes' if copies else 'no'}."
+        in gemm
+    )
 
 
 def test_bench_page_gives_the_span_of_the_rows_peak_samples():

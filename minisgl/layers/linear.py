@@ -78,9 +78,9 @@ def alternating_median_seconds(passes: Sequence[Callable[[], object]], reps: int
     return [statistics.median(kept) for kept in times]
 
 
-def _is_faster_by_a_tenth(alternative: Callable[[], object], default: Callable[[], object]) -> bool:
+def _is_faster_by_a_tenth(alternative: Callable[[], object], default: Callable[[], object], reps: int = 7) -> bool:
     """The probes' rule: switch from the default kernel only for one that takes under 90% of its time."""
-    alternative_seconds, default_seconds = alternating_median_seconds([alternative, default])
+    alternative_seconds, default_seconds = alternating_median_seconds([alternative, default], reps)
     return alternative_seconds < 0.9 * default_seconds
 
 
@@ -137,13 +137,17 @@ def linear_in_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
     """``x @ weight.T + bias`` with the kernel chosen at load for this weight: oneDNN's packed one (padded where
-    ``min_packed_rows`` says), MKL's over a column-blocked copy for one float32 row (``keep_gemv_copy``), float32
-    copies for batched bfloat16 rows on CPUs without bfloat16 arithmetic, else ``F.linear``."""
+    ``min_packed_rows`` says), MKL's over a column-blocked copy for one float32 row (``keep_gemv_copy``), MKL's
+    over the plain float32 weight for a long prefill's rows (``keep_gemm_copy``), float32 copies for batched
+    bfloat16 rows on CPUs without bfloat16 arithmetic, else ``F.linear``."""
     if not weight.is_mkldnn:
         if multiplies_in_float32(weight) and x.shape[0] > 1:
             return linear_in_float32(x, weight, bias)
         return F.linear(x, weight, bias)
     rows = x.shape[0]
+    gemm_weight = getattr(weight, "gemm_weight", None)
+    if rows >= MKL_GEMM_MIN_ROWS and gemm_weight is not None:  # see keep_gemm_copy
+        return F.linear(x, gemm_weight, bias)
     gemv_weight = getattr(weight, "gemv_weight", None)
     if rows == 1 and gemv_weight is not None:  # see keep_gemv_copy
         out = blocked_gemv(x, gemv_weight, weight.shape[0])
@@ -254,6 +258,40 @@ def keep_gemv_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
         packed.gemv_weight = column_blocked(weight)
 
 
+# Rows from which a float32 linear runs MKL's GEMM on its plain weight, where that is kept (``keep_gemm_copy``):
+# below them oneDNN's packed kernel stays the faster even there (AMD EPYC Zen 3, AVX2, dummy134 float32 eager
+# prefill with the plain weights from 256 rows: 1x256 327 -> 357 ms; from 512, bench/prefill_levers.py: 1x512
+# 676 -> 653, 8x128 1214 -> 1102).
+MKL_GEMM_MIN_ROWS = 512
+
+
+@functools.cache
+def mkl_gemm_is_faster() -> bool:
+    """Whether MKL's GEMM on a plain float32 weight multiplies 1,024 rows at least 10% faster than oneDNN's packed
+    kernel on this CPU (``apply_linear``'s kernel for them). Probed once per process, on one 2048-square weight
+    (~0.4 s): on an AMD EPYC Zen 3 (AVX2, no AVX-512) MKL takes 85-88% of oneDNN's time there (at 512 rows 90%,
+    at 2,048 85%; at 256 oneDNN is the faster, 148 against 156 GFLOP/s over dummy134's four linears). Other CPUs
+    were not measured this way: the probe decides there."""
+    weight = torch.full((2048, 2048), 0.01)
+    packed = prepack_weight(weight)
+    if not packed.is_mkldnn:
+        return False
+    x = torch.ones(1024, 2048)
+    return _is_faster_by_a_tenth(lambda: F.linear(x, weight), lambda: apply_linear(x, packed), reps=3)
+
+
+def keep_gemm_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
+    """Keep a prepacked float32 weight's plain form beside it, for inputs of ``MKL_GEMM_MIN_ROWS`` rows or more,
+    where ``mkl_gemm_is_faster``: there a long prefill's products run at MKL's rate (AMD EPYC Zen 3, the four
+    linears of a dummy134 layer at 1,024 rows: 178 against 156 GFLOP/s; the eager prefills are in
+    ``MKL_GEMM_MIN_ROWS``). Decode batches keep the packed kernel, which streams their few rows' weights faster.
+    The price is a second copy of every float32 linear weight (dummy134: +340 MB), the one a user's plain model
+    holds; the LM head, which a prefill runs on each request's last token alone, gets none. Bfloat16 weights get
+    none either: their copies for batched rows (``keep_float32_copy``) already double them."""
+    if packed.is_mkldnn and weight.dtype == torch.float32 and mkl_gemm_is_faster():
+        packed.gemm_weight = weight.detach()
+
+
 def keep_float32_copy(weight: torch.Tensor) -> None:
     """Give a bfloat16 weight on a CPU without bfloat16 arithmetic (``CPU_MULTIPLIES_BFLOAT16``) a prepacked
     float32 copy, which ``apply_linear`` reads for inputs of two or more rows.
@@ -281,6 +319,7 @@ def prepack_linear_weights(model: nn.Module) -> None:
             if packed.is_mkldnn:
                 min_packed_rows()  # probed at load, not in the first forward, which a benchmark may time
             keep_gemv_copy(packed, module.weight)
+            keep_gemm_copy(packed, module.weight)
             keep_float32_copy(packed)
             module.weight = packed
 
