@@ -26,7 +26,14 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
 from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
-from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear, apply_linear  # noqa: E402
+from minisgl.layers.linear import (  # noqa: E402
+    ReplicatedLinear,
+    RowParallelLinear,
+    apply_linear,
+    min_packed_rows,
+    mkl_gemm_is_faster,
+    mkl_gemv_is_faster,
+)
 from minisgl.layers.radix_attention import RadixAttention  # noqa: E402
 from minisgl.model_loader.default_model import default_model_path  # noqa: E402
 from minisgl.server_args import ServerArgs  # noqa: E402
@@ -252,6 +259,12 @@ class Engine:
         """(linears alone, attention alone) seconds of a prefill of this workload."""
         runner = self.model.torch_runner
         return prefill_linears_time(runner, batch, input_len), prefill_attention_time(runner, batch, input_len)
+
+    def probes(self) -> dict:
+        """The kernel choices this process's probes made at load: an engine's own, which a VM's phase can tip
+        the other way from the parent's (``machine_info``) where a probe's margin is near its 10%."""
+        return {"padded_rows": min_packed_rows(), "mkl_gemv_copies": mkl_gemv_is_faster(),
+                "mkl_gemm_copies": mkl_gemm_is_faster()}  # fmt: skip
 
     def unload(self) -> None:
         """Every weight goes before the next load; compiled graphs hold frozen copies of them, so they go too."""

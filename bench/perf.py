@@ -53,9 +53,15 @@ from engines import (  # bench/engines.py: this script's folder is first on sys.
 )
 from rich.console import Console
 from rich.table import Table
+from roofline import (  # bench/roofline.py
+    add_roofline_shares,
+    decode_bytes,
+    decode_kv_bytes,
+    exact_prefill_flops,
+    prefill_attention_flops,
+)
 
 from minisgl.bench_utils import OneLineErrorParser
-from minisgl.configs.model_config import ModelConfig
 from minisgl.layers.linear import (
     MKL_GEMM_MIN_ROWS,
     apply_linear,
@@ -179,38 +185,6 @@ def machine_info(device: torch.device = CPU) -> dict:
     return info
 
 
-def prefill_attention_flops(model, batch: int, input_len: int) -> float:
-    """Causal attention's FLOPs: QK^T and PV over the keys each query sees, half of the full square."""
-    cfg = model.config
-    per_layer = 2 * input_len**2 * cfg.num_attention_heads * (cfg.hidden_size // cfg.num_attention_heads)
-    return batch * cfg.num_hidden_layers * per_layer
-
-
-def exact_prefill_flops(model, batch: int, input_len: int) -> float:
-    """Every layer weight once per token (the norms' few included), causal attention, the last-token LM head."""
-    cfg = model.config
-    layer_params = sum(p.numel() for n, p in model.named_parameters() if ".layers." in n)
-    weights = batch * (2 * layer_params * input_len + 2 * cfg.hidden_size * cfg.vocab_size)
-    return weights + prefill_attention_flops(model, batch, input_len)
-
-
-def decode_bytes(model) -> int:
-    """Bytes a decode step must read: every weight but the embedding table (the LM head counts)."""
-    embed = model.get_input_embeddings().weight
-    total = sum(p.numel() * p.element_size() for p in model.parameters())
-    tied = model.config.tie_word_embeddings
-    return total if tied else total - embed.numel() * embed.element_size()
-
-
-def decode_kv_bytes(model, batch: int, input_len: int, output_len: int) -> float:
-    """Bytes of cached keys and values a decode step attends over, every layer, averaged over the timed steps: step
-    ``i`` (from 0; ``output_len - 1`` of them) reads ``input_len + i + 1`` positions per request, ``input_len +
-    output_len / 2`` on average. Not part of the floor, which counts the weights only (issue #5's definition)."""
-    cfg = ModelConfig.from_hf_config(model.config, model.dtype)  # its head_dim and KV-head defaults, as minisgl's
-    per_position = cfg.num_hidden_layers * 2 * cfg.num_key_value_heads * cfg.head_dim * cfg.dtype.itemsize
-    return batch * per_position * (input_len + output_len / 2)
-
-
 def summarize(values):
     """Median, min and max of a row's repetitions, and the repetitions themselves in the order they ran."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values), "samples": values}
@@ -280,15 +254,17 @@ def cli(argv: list[str] | None = None) -> int:
 
 def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     keep_freed_cpu_memory()  # for the probes here only: settings made in this process do not reach spawned engines
+    machine = machine_info(device)
     # the commit before the run: the tree an hour-long run measured is the one it started from
-    run = {"commit": source_commit(), "device": device.type, "engines": args.engines, "reps": args.reps}
+    run = {"commit": source_commit(), "device": device.type, "engines": args.engines, "reps": args.reps,
+           "cpu": f"{machine['cpu']}, {machine['cores']} cores"}  # fmt: skip
     kept = progress.start(args.output, args.resume, run)  # refuses a mismatched --resume before measuring anything
     done = {progress.row_key(row) for row in kept["rows"]}
     # A shared machine's matmul peaks drift: the run keeps the best of those measured before and after the engines
     # ran (in every session of a resumed run), and every bandwidth measured.
     kept["peaks"] = best_peaks(kept.get("peaks", {}), machine_peaks(device, args.dtypes))
     kept["read_bandwidth_samples"] = [*kept.get("read_bandwidth_samples", []), read_bandwidth(device)]
-    kept.setdefault("machine", machine_info(device))
+    kept.setdefault("machine", machine)
     paths = model_paths(args.models, scratch)
     max_tokens = max(b * (i + o) for b, i, o in args.workloads) + 64  # the KV pool every workload fits in
     for model_name in args.models:
@@ -347,6 +323,7 @@ def run_row(args, device: torch.device, engines: dict, model_name: str, dtype_na
             linears.append(engines["minisgl"].call("linears", b))
             prefill_parts.append(engines["minisgl"].call("prefill_parts", b, i))
     row = {"model": model_name, "dtype": dtype_name, "batch": b, "input": i, "output": o}
+    row["probes"] = {name: engine.call("probes") for name, engine in engines.items() if name != "hf"}
     for name, values in samples.items():
         row[f"{name}_prefill_s"] = summarize([v[0] for v in values])
         row[f"{name}_decode_s"] = summarize([v[1] for v in values])
@@ -373,29 +350,6 @@ def add_speedups(row: dict) -> None:
         if f"{engine}_prefill_s" in row and "hf_prefill_s" in row:
             for phase in ("prefill", "decode"):
                 row[f"{prefix}{phase}_speedup"] = row[f"hf_{phase}_s"]["median"] / row[f"{engine}_{phase}_s"]["median"]
-
-
-def add_roofline_shares(row: dict) -> None:
-    """Prefill as a share of the matmul peak; decode as the bandwidth floor's share of the step time. Both at the
-    row's own machine: the peak and the bandwidth are the medians of the samples taken right before each of its
-    runs, as a shared VM's speed changes in phases."""
-    floor, peak = row["decode_bytes"] / row["read_bandwidth_bytes"], row["matmul_peak_flops"]
-    for engine in (e for e in ENGINES if f"{e}_prefill_s" in row):
-        prefill_rate = row["prefill_flops"] / row[f"{engine}_prefill_s"]["median"]
-        row[f"{engine}_prefill_peak_share"] = prefill_rate / peak
-        row[f"{engine}_decode_floor_share"] = floor / row[f"{engine}_decode_s"]["median"]
-    if "decode_linears_s" in row:
-        seconds = row["decode_linears_s"]["median"]
-        row["decode_linears_read_rate"] = row["decode_bytes"] / seconds
-        # each weight element is read once and used in one multiply-add per row of the batch
-        weights = row["decode_bytes"] / DTYPES[row["dtype"]].itemsize
-        row["decode_linears_flop_rate"] = 2 * row["batch"] * weights / seconds
-    if "prefill_linears_s" in row:
-        linears, attention = (row[f"prefill_{part}_s"]["median"] for part in ("linears", "attention"))
-        row["prefill_linears_flop_rate"] = (row["prefill_flops"] - row["prefill_attention_flops"]) / linears
-        row["prefill_attention_flop_rate"] = row["prefill_attention_flops"] / attention
-        # the share a prefill would have if everything but its linears and attention took no time
-        row["prefill_ceiling_share"] = row["prefill_flops"] / (linears + attention) / peak
 
 
 def print_table(rows, peaks) -> None:

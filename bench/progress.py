@@ -3,7 +3,7 @@
 A whole CPU run takes an hour; an engine killed out of memory in its last row, or a Ctrl-C, used to lose all of it,
 as the JSON is written only at the end. Now every finished row is saved to ``<output>.partial`` (whole, by
 ``write_whole``), and ``--resume`` runs only the rows it lacks. A resumed run must measure the same thing: the same
-commit, device, engines and repetitions, or its rows could not stand in one table. The file goes once the results
+commit, device, CPU, engines and repetitions, or its rows could not stand in one table. The file goes once the results
 are written. SGLang's ``bench_one_batch`` has nothing like it: its runs take seconds on a GPU.
 """
 
@@ -15,7 +15,7 @@ import os
 from minisgl.utils.common import InputError, write_whole
 
 # What a resumed run must share with the unfinished one for their rows to belong to one set of results.
-SHARED = ("commit", "device", "engines", "reps")
+SHARED = ("commit", "device", "cpu", "engines", "reps")
 
 
 def progress_path(output: str) -> str:

@@ -350,6 +350,10 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert data["machine"]["bfloat16_float32_copies"] == (not has_bfloat16_kernels)
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
+    # the engine process's own probe answers (which noise may tip apart from this process's: only their kinds here)
+    (probes,) = row["probes"].values()
+    assert list(row["probes"]) == ["minisgl"] and probes["padded_rows"] in (1, 4)
+    assert {type(probes[key]) for key in ("mkl_gemv_copies", "mkl_gemm_copies")} == {bool}
     assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "tmp"]
 
 
@@ -379,7 +383,7 @@ def test_each_timed_run_follows_the_probes_and_a_warm_up_of_its_workload(perf, t
     turn = lambda name: [("probe", "bandwidth"), ("probe", "peak"), (name, "run", 1, 8, 2), (name, "run", 1, 8, 3)]
     repetition = turn("minisgl") + turn("hf") + [("minisgl", "linears", 1), ("minisgl", "prefill_parts", 1, 8)]
     first_warm_ups = [("minisgl", "run", 1, 8, 3), ("hf", "run", 1, 8, 3)]  # compiles, before any timing
-    assert calls == first_warm_ups + repetition * 2
+    assert calls == first_warm_ups + repetition * 2 + [("minisgl", "probes")]  # the engine's own kernel choices
     assert all(row[f"{e}_prefill_s"]["samples"] == [1.0, 1.0] for e in engines)
     assert all(row[f"{e}_decode_s"]["samples"] == [0.1, 0.1] for e in engines)
 
