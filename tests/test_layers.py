@@ -125,6 +125,28 @@ def test_float32_copies_only_for_bfloat16_cpu_weights_without_bfloat16_arithmeti
         torch.testing.assert_close(on_the_fly, linear.apply_linear(x, bfloat16), atol=0, rtol=2**-7)
 
 
+def packed_with_copy(keep_copy, dtype: torch.dtype, faster: bool):
+    """A 48x40 weight, a bias, the packed weight after ``keep_copy``, and whether a copy is due: float32 packed
+    weights only, where the probe (forced to ``faster``) found the copy's kernel faster."""
+    weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
+    packed = linear.prepack_weight(weight)
+    keep_copy(packed, weight)
+    return weight, bias, packed, faster and dtype == torch.float32 and packed.is_mkldnn
+
+
+def assert_copy_read_by(packed, weight, bias, cases, reads_doubled_copy) -> None:
+    """``apply_linear`` at each (rows, with bias) case equals the plain layer's values, twice them where the rows
+    read the copy the test doubled (``reads_doubled_copy(rows)``)."""
+    for rows, use_bias in cases:
+        x = torch.randn(rows, weight.shape[1]).to(weight.dtype)
+        out = linear.apply_linear(x, packed, bias if use_bias else None)
+        scale = 2 if reads_doubled_copy(rows) else 1
+        ref = torch.nn.functional.linear(x.double(), scale * weight.double())
+        ref = ref + bias.double() if use_bias else ref
+        atol = 1e-4 if weight.dtype == torch.float32 else 0.1
+        torch.testing.assert_close(out.double(), ref, atol=atol, rtol=0.02)
+
+
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemv", "mkl-gemv"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch, faster, dtype):
@@ -132,22 +154,15 @@ def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch,
     (48 features: two blocks of 32, the last zero-padded), and only single rows read it; bfloat16 never gets one.
     Every row count gives the plain layer's values."""
     monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: faster)
-    weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
-    packed = linear.prepack_weight(weight)
-    linear.keep_gemv_copy(packed, weight)
-    has_copy = faster and dtype == torch.float32 and packed.is_mkldnn
+    weight, bias, packed, has_copy = packed_with_copy(linear.keep_gemv_copy, dtype, faster)
     assert hasattr(packed, "gemv_weight") == has_copy
     if has_copy:
         assert packed.gemv_weight.shape == (2, 40, 32) and packed.gemv_weight.is_contiguous()
         assert not packed.gemv_weight[1, :, 16:].any()  # the padding features
         packed.gemv_weight.mul_(2)  # a copy that single rows alone read: doubled, their outputs double
-    for rows, use_bias in [(1, False), (1, True), (2, True), (5, False)]:
-        x = torch.randn(rows, 40).to(dtype)
-        out = linear.apply_linear(x, packed, bias if use_bias else None)
-        scale = 2 if has_copy and rows == 1 else 1
-        ref = torch.nn.functional.linear(x.double(), scale * weight.double())
-        ref = ref + bias.double() if use_bias else ref
-        torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
+    assert_copy_read_by(
+        packed, weight, bias, [(1, False), (1, True), (2, True), (5, False)], lambda rows: has_copy and rows == 1
+    )
 
 
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemm", "mkl-gemm"])
@@ -158,21 +173,14 @@ def test_gemm_copy_serves_long_inputs_only_and_matches_plain_linear(monkeypatch,
     row count gives the plain layer's values."""
     monkeypatch.setattr(linear, "mkl_gemm_is_faster", lambda: faster)
     monkeypatch.setattr(linear, "MKL_GEMM_MIN_ROWS", 4)
-    weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
-    packed = linear.prepack_weight(weight)
-    linear.keep_gemm_copy(packed, weight)
-    has_copy = faster and dtype == torch.float32 and packed.is_mkldnn
+    weight, bias, packed, has_copy = packed_with_copy(linear.keep_gemm_copy, dtype, faster)
     assert hasattr(packed, "gemm_weight") == has_copy
     if has_copy:
         assert not packed.gemm_weight.is_mkldnn and torch.equal(packed.gemm_weight, weight)
         packed.gemm_weight = 2 * weight  # a copy that long inputs alone read: doubled, their outputs double
-    for rows, use_bias in [(1, False), (3, True), (4, True), (9, False)]:
-        x = torch.randn(rows, 40).to(dtype)
-        out = linear.apply_linear(x, packed, bias if use_bias else None)
-        scale = 2 if has_copy and rows >= 4 else 1
-        ref = torch.nn.functional.linear(x.double(), scale * weight.double())
-        ref = ref + bias.double() if use_bias else ref
-        torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
+    assert_copy_read_by(
+        packed, weight, bias, [(1, False), (3, True), (4, True), (9, False)], lambda rows: has_copy and rows >= 4
+    )
 
 
 @pytest.mark.parametrize("ratio", [0.85, 0.95])
