@@ -19,9 +19,10 @@ again right before every engine's run of every row, whose shares use the medians
 table, and JSON (``--output``); each finished row is also kept in ``<output>.partial`` until then, so that a run
 stopped by a dead engine or Ctrl-C is finished with ``--resume`` (``bench/progress.py``). With ``--device cuda``
 every engine and probe runs on the GPU, timed with a synchronize around each measurement; ``smollm2-shape`` is
-SmolLM2-135M's architecture with random weights, for machines that cannot fetch its GGUF (an offline GPU machine). Same shapes, so the same bytes and FLOPs per step, and
-the same times (eager, 1,128,16, both models alternating in one process, median of 8, real -> shape: float32 prefill
-95.9 -> 95.7 ms, decode 23.36 -> 23.75; bfloat16 66.4 -> 66.7, 14.10 -> 13.97).
+SmolLM2-135M's architecture with random weights, for machines that cannot fetch its GGUF (an offline GPU
+machine). Same shapes, so the same bytes and FLOPs per step, and the same times (eager, 1,128,16, both models
+alternating in one process, median of 8, real -> shape: float32 prefill 95.9 -> 95.7 ms, decode 23.36 -> 23.75;
+bfloat16 66.4 -> 66.7, 14.10 -> 13.97).
 """
 
 from __future__ import annotations
@@ -258,7 +259,7 @@ def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
     # the commit before the run: the tree an hour-long run measured is the one it started from
     run = {"commit": source_commit(), "device": device.type, "engines": args.engines, "reps": args.reps,
            "cpu": f"{machine['cpu']}, {machine['cores']} cores"}  # fmt: skip
-    kept = progress.start(args.output, args.resume, run)  # refuses a mismatched --resume before measuring anything
+    kept = progress.start(args.output, args.resume, run)  # refuses a mismatched --resume before any engine starts
     done = {progress.row_key(row) for row in kept["rows"]}
     # A shared machine's matmul peaks drift: the run keeps the best of those measured before and after the engines
     # ran (in every session of a resumed run), and every bandwidth measured.

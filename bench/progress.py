@@ -1,10 +1,10 @@
 """An unfinished ``bench/perf.py`` run, kept beside its output one finished row at a time.
 
-A whole CPU run takes an hour; an engine killed out of memory in its last row, or a Ctrl-C, used to lose all of it,
-as the JSON is written only at the end. Now every finished row is saved to ``<output>.partial`` (whole, by
-``write_whole``), and ``--resume`` runs only the rows it lacks. A resumed run must measure the same thing: the same
-commit, device, CPU, engines and repetitions, or its rows could not stand in one table. The file goes once the results
-are written. SGLang's ``bench_one_batch`` has nothing like it: its runs take seconds on a GPU.
+A whole CPU run takes an hour or more; an engine killed out of memory in its last row, or a Ctrl-C, used to lose
+all of it, as the JSON is written only at the end. Now every finished row is saved to ``<output>.partial`` (whole,
+by ``write_whole``), and ``--resume`` runs only the rows it lacks. A resumed run must measure the same thing: the
+same commit, device, CPU, engines and repetitions, or its rows could not stand in one table. The file goes once
+the results are written. SGLang's ``bench_one_batch`` has nothing like it: its runs take seconds on a GPU.
 """
 
 from __future__ import annotations
@@ -38,16 +38,17 @@ def start(output: str, resume: bool, run: dict) -> dict:
     try:
         with open(path) as f:
             kept = json.load(f)
-        rows = kept["rows"]
     except FileNotFoundError:
         raise InputError(f"--resume: no unfinished run at {path}; run without --resume") from None
-    except (OSError, ValueError, KeyError, TypeError) as e:
+    except (OSError, ValueError) as e:
         raise InputError(f"--resume: {path} is not an unfinished run of bench/perf.py ({e}); delete it") from None
+    if not isinstance(kept, dict) or not isinstance(kept.get("rows"), list):
+        raise InputError(f"--resume: {path} is not an unfinished run of bench/perf.py (no rows); delete it")
     for key in SHARED:
         if kept.get(key) != run[key]:
             raise InputError(f"--resume: the unfinished run in {path} has {key} {kept.get(key)}, this one "
                              f"{run[key]}; resume with the same, or delete the file to start over")  # fmt: skip
-    return {**kept, "rows": rows}
+    return kept
 
 
 def save(output: str, progress: dict) -> None:

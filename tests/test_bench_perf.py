@@ -452,10 +452,17 @@ def test_a_stopped_run_keeps_its_rows_and_resume_runs_only_the_rest(
     assert rows[0] == kept[0] and not partial.exists()
 
 
-def test_resume_without_an_unfinished_run_is_refused_in_one_line(perf, tmp_path, capsys):
-    out = tmp_path / "results.json"
+@pytest.mark.parametrize(
+    ("kept", "message"),
+    [(None, "no unfinished run at {path}; run without --resume"),
+     ("[1, 2]", "{path} is not an unfinished run of bench/perf.py (no rows); delete it")],
+)  # fmt: skip
+def test_resume_without_an_unfinished_run_is_refused_in_one_line(perf, tmp_path, capsys, kept, message):
+    out, path = tmp_path / "results.json", tmp_path / "results.json.partial"
+    if kept is not None:
+        path.write_text(kept)
     assert perf.cli(["--output", str(out), "--resume"]) == 2
-    assert capsys.readouterr().err == f"error: --resume: no unfinished run at {out}.partial; run without --resume\n"
+    assert capsys.readouterr().err == f"error: --resume: {message.format(path=path)}\n"
 
 
 def test_prefill_levers_script_runs_both_levers(monkeypatch, capsys):
