@@ -215,7 +215,9 @@ def _machine(machine: dict | None, rows: list[dict] = ()) -> str:
     if "padded_rows" in machine:  # results written before the probes were recorded have neither
         padding = "not padded" if machine["padded_rows"] == 1 else f"padded to {machine['padded_rows']}"
         probes = (
-            f" The start-up probes chose: 1-3 decode rows {padding} for oneDNN; column-blocked "
+            " The start-up probes in the benchmark's own process chose (each engine process probes again at "
+            "load, and where a probe's answer lies near its 10% margin it may choose otherwise): 1-3 decode rows "
+            f"{padding} for oneDNN; column-blocked "
             f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
         )
     if "mkl_gemm_copies" in machine:  # recorded since the GEMM copies exist
