@@ -8,7 +8,8 @@ printed lines as SGLang 0.5.14's ``sglang/bench_one_batch.py``:
     python -m minisgl.bench_one_batch --correctness-test
     # latency sweep (results appended to result.jsonl)
     python -m minisgl.bench_one_batch --batch-size 1 8 --input-len 128 512 --output-len 32 --run-name fp32
-    # torch profiler traces for one combination ($MINISGL_TORCH_PROFILER_DIR, default the temp dir)
+    # torch profiler traces for one combination ($MINISGL_TORCH_PROFILER_DIR, default the temp dir); compiled,
+    # Inductor's kernels are profiled one by one
     python -m minisgl.bench_one_batch --batch-size 1 --input-len 256 --profile
 
 What SGLang's file does more: Apple MLX and CUDA-profiler (nsys) paths, DP-attention MLP sync,
@@ -29,6 +30,7 @@ from minisgl.bench_args import BenchArgs, check_args
 from minisgl.configs.model_config import ModelConfig, resolve_dtype
 from minisgl.distributed.parallel_state import destroy_distributed_environment
 from minisgl.managers.schedule_batch import Req, ScheduleBatch
+from minisgl.model_executor.cpu_graph_runner import profile_compiled_kernels
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 from minisgl.model_executor.model_runner import ModelRunner
 from minisgl.model_loader.default_model import default_model_path
@@ -280,6 +282,8 @@ def latency_test_run_once(
 def latency_test(server_args: ServerArgs, bench_args: BenchArgs, tp_rank: int, dist_init_method=None):
     is_rank0 = tp_rank == 0
     rank_print = print if is_rank0 else lambda *args, **kwargs: None
+    if bench_args.profile and server_args.enable_torch_compile:
+        profile_compiled_kernels()  # before the warm-up, whose first forwards compile
     model_runner, tokenizer = load_model(server_args, tp_rank, dist_init_method)
     vocab_size = model_runner.torch_runner.model_config.vocab_size
     seed = server_args.random_seed

@@ -215,6 +215,20 @@ def test_profile_stage_decode_with_prefix(tiny_llama, tmp_path):
     assert "trace for prefill" not in proc.stdout
 
 
+def test_compiled_profile_names_inductor_kernels(tiny_llama, tmp_path):
+    """Compiled, the decode trace shows Inductor's kernels one by one (the fused norms, attention and the rest),
+    not only the graph's single call; an eager trace has none of them."""
+    args = ("--max-total-tokens", "4000", "--profile", "--profile-stage", "decode", "--batch-size", "1",
+            "--input-len", "16", "--output-len", "8")  # fmt: skip
+    for flags, expect_kernels in [(("--enable-torch-compile",), True), ((), False)]:
+        out = tmp_path / ("compiled" if flags else "eager")
+        out.mkdir()
+        bench(tmp_path, tiny_llama, *args, *flags, env={"MINISGL_TORCH_PROFILER_DIR": str(out)})
+        (trace,) = out.glob("*_decode.trace.json.gz")
+        names = {event.get("name", "") for event in load_trace(trace)["traceEvents"]}
+        assert any("cpp_fused" in name for name in names) == expect_kernels, sorted(names)[:40]
+
+
 def test_prompt_file_in_latency_mode(tiny_llama, tmp_path):
     (tmp_path / "prompts.txt").write_text("The capital of France is\nToday is a sunny day and I like\n")
     args = ("--max-total-tokens", "4000", "--batch-size", "1", "3", "--input-len", "16", "--output-len", "4")

@@ -70,6 +70,17 @@ def set_torch_compile_config() -> None:
     warnings.filterwarnings("ignore", message="TypedStorage is deprecated", category=UserWarning)
 
 
+def profile_compiled_kernels() -> None:
+    """Have each of Inductor's C++ kernels record itself in a torch profile, for ``--profile`` with
+    ``--enable-torch-compile``: a compiled CPU forward then shows its GEMM template's GEMVs (one
+    ``gemm_m<rows>n<out>k<in>`` kernel per linear shape), its fused decode attention and its other fused loops one
+    by one, where otherwise the whole graph is one ``CompiledFxGraph`` call. It must be set before the first
+    compile; graphs compiled with it are cached apart from those without. CUDA kernels are profiled anyway."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.cpp.enable_kernel_profile = True
+
+
 def keep_weight_identity_guards(guard_entries: list) -> list[bool]:
     """Which of dynamo's guards to check before each compiled call.
 
