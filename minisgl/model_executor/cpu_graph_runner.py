@@ -72,9 +72,10 @@ def set_torch_compile_config() -> None:
 
 def profile_compiled_kernels() -> None:
     """Have each of Inductor's C++ kernels record itself in a torch profile, for ``--profile`` with
-    ``--enable-torch-compile``: a compiled CPU forward then shows its GEMM template's GEMVs (one
-    ``gemm_m<rows>n<out>k<in>`` kernel per linear shape), its fused decode attention and its other fused loops one
-    by one, where otherwise the whole graph is one ``CompiledFxGraph`` call. It must be set before the first
+    ``--enable-torch-compile``: a compiled CPU forward then shows its fused decode attention, its other fused
+    loops and, where autotuning picked Inductor's GEMM template (the small-decode graph), that template's kernels
+    (one ``gemm_m<rows>n<out>k<in>`` per linear shape) one by one, where otherwise the whole graph is one
+    ``CompiledFxGraph`` call; oneDNN's linears appear as their own calls either way. It must be set before the first
     compile; graphs compiled with it are cached apart from those without. CUDA kernels are profiled anyway."""
     import torch._inductor.config as inductor_config
 
