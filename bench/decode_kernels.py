@@ -31,7 +31,7 @@ from rich.console import Console
 from rich.table import Table
 
 from minisgl.bench_one_batch import load_model
-from minisgl.layers.linear import (
+from minisgl.layers.amx_utils import (
     alternating_median_seconds,
     apply_linear,
     blocked_gemv,

@@ -26,14 +26,13 @@ import torch  # noqa: E402
 from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, LogitsProcessorList  # noqa: E402
 
 from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
-from minisgl.layers.linear import (  # noqa: E402
-    ReplicatedLinear,
-    RowParallelLinear,
+from minisgl.layers.amx_utils import (  # noqa: E402
     apply_linear,
     min_packed_rows,
     mkl_gemm_is_faster,
     mkl_gemv_is_faster,
 )
+from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear  # noqa: E402
 from minisgl.layers.radix_attention import RadixAttention  # noqa: E402
 from minisgl.model_loader.default_model import default_model_path  # noqa: E402
 from minisgl.server_args import ServerArgs  # noqa: E402

@@ -63,7 +63,7 @@ from roofline import (  # bench/roofline.py
 )
 
 from minisgl.bench_utils import OneLineErrorParser
-from minisgl.layers.linear import (
+from minisgl.layers.amx_utils import (
     MKL_GEMM_MIN_ROWS,
     apply_linear,
     keep_float32_copy,

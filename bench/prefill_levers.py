@@ -31,8 +31,8 @@ from engines import DTYPES, model_paths, run_minisgl
 from rich.console import Console
 from rich.table import Table
 
+import minisgl.layers.amx_utils as amx_utils
 import minisgl.layers.attention.tiled_prefill as tiled_prefill
-import minisgl.layers.linear as linear
 from minisgl.bench_one_batch import load_model
 from minisgl.models import llama
 from minisgl.server_args import ServerArgs
@@ -41,7 +41,7 @@ from minisgl.utils.common import USER_MALLOC_SETTINGS
 LEVERS = {
     "tiled attention": (tiled_prefill, "TILED_PREFILL_DTYPES", frozenset()),
     "MLP blocks": (llama, "_MLP_BLOCK_BYTES", 1 << 62),
-    "MKL GEMM copies": (linear, "MKL_GEMM_MIN_ROWS", 1 << 62),
+    "MKL GEMM copies": (amx_utils, "MKL_GEMM_MIN_ROWS", 1 << 62),
 }
 
 

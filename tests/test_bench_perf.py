@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minisgl.bench_one_batch import load_model
-from minisgl.layers.linear import prepack_weight
+from minisgl.layers.amx_utils import prepack_weight
 from minisgl.server_args import ServerArgs
 from minisgl.utils.common import InputError
 from reader.views import REPO_ROOT
@@ -231,7 +231,7 @@ def test_prefill_levers_switch_off_what_they_name(monkeypatch):
     SDPA (bfloat16 and float32), a long prefill's MLP runs as one block, and its linears on the packed weights
     even where the plain ones are kept."""
     import minisgl.layers.attention.torch_native_backend as backend_module
-    from minisgl.layers import linear
+    from minisgl.layers import amx_utils
     from minisgl.models import llama
 
     monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
@@ -248,10 +248,10 @@ def test_prefill_levers_switch_off_what_they_name(monkeypatch):
     mlp(torch.zeros(1 << 18, 16))  # 2**18 rows x 48 floats: 48 MiB of gate_up, three 16 MiB blocks when on
     assert tiled == [] and gate_up_calls == [1]
     weight = torch.randn(8, 16)
-    packed = linear.prepack_weight(weight)
+    packed = amx_utils.prepack_weight(weight)
     packed.gemm_weight = 2 * weight  # read it, and the output doubles
     x = torch.randn(1 << 12, 16)
-    torch.testing.assert_close(linear.apply_linear(x, packed), x @ weight.T, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(amx_utils.apply_linear(x, packed), x @ weight.T, atol=1e-5, rtol=1e-5)
 
 
 def test_smollm2_shape_has_the_default_models_parameters(engines):
@@ -295,10 +295,10 @@ def test_perf_refuses_cuda_without_a_gpu(perf, capsys):
 def test_bfloat16_matmul_peak_times_the_kernel_minisgl_runs(perf, monkeypatch):
     """The peak's two kernels: HF's ``F.linear`` on the bfloat16 matrices, and minisgl's linear, which on a CPU
     without bfloat16 arithmetic (forced here) multiplies a float32 copy in oneDNN (seen from its inputs' dtype)."""
-    from minisgl.layers import linear
+    from minisgl.layers import amx_utils
 
-    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", False)  # forcing True would fail on an AVX2 CPU
-    monkeypatch.setattr(linear, "min_packed_rows", lambda: 1)  # an unprobed AMX CPU would probe in the spy
+    monkeypatch.setattr(amx_utils, "CPU_MULTIPLIES_BFLOAT16", False)  # forcing True would fail on an AVX2 CPU
+    monkeypatch.setattr(amx_utils, "min_packed_rows", lambda: 1)  # an unprobed AMX CPU would probe in the spy
     onednn_inputs, real = [], torch.ops.mkldnn._linear_pointwise
     monkeypatch.setattr(
         torch.ops.mkldnn, "_linear_pointwise", lambda x, *a: onednn_inputs.append(x.dtype) or real(x, *a)
@@ -506,24 +506,24 @@ def test_decode_kernels_marks_the_kernel_apply_linear_runs(
     """The kernel the table marks is the one apply_linear calls, seen from the oneDNN call it makes (none: the
     blocked copy, or F.linear where oneDNN does not pack the dtype), the rows it passes (four: padded) and their
     dtype (float32 for bfloat16: the float32 copies), for each answer of the two probes."""
-    from minisgl.layers import linear
+    from minisgl.layers import amx_utils
 
-    monkeypatch.setattr(linear, "min_packed_rows", lambda: padded_rows)
-    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: gemv_copies)
+    monkeypatch.setattr(amx_utils, "min_packed_rows", lambda: padded_rows)
+    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: gemv_copies)
     monkeypatch.setattr(decode_kernels, "min_packed_rows", lambda: padded_rows)
     monkeypatch.setattr(decode_kernels, "mkl_gemv_is_faster", lambda: gemv_copies)
     weight = torch.randn(48, 40).to(dtype)
-    packed = linear.prepack_weight(weight)
+    packed = amx_utils.prepack_weight(weight)
     kernels = decode_kernels.kernel_variants([weight])
-    linear.keep_gemv_copy(packed, weight)
-    linear.keep_float32_copy(packed)
+    amx_utils.keep_gemv_copy(packed, weight)
+    amx_utils.keep_float32_copy(packed)
     onednn_calls = []
     real = torch.ops.mkldnn._linear_pointwise
     spy = lambda x, *a: onednn_calls.append((len(x), x.dtype)) or real(x, *a)  # noqa: E731
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
     for rows in (1, 2, 4, 8):
         onednn_calls.clear()
-        linear.apply_linear(torch.randn(rows, 40).to(dtype), packed)
+        amx_utils.apply_linear(torch.randn(rows, 40).to(dtype), packed)
         if not onednn_calls:
             ran = decode_kernels.BLOCKED if packed.is_mkldnn else decode_kernels.PLAIN
         elif onednn_calls[0][1] != dtype:

@@ -99,9 +99,9 @@ def test_greedy_tokens_match_hf_generate(model_path):
 def test_single_request_decode_matches_hf_with_either_gemv_layout(tiny_llama, gemv_copies, monkeypatch):
     """A batch-1 decode reads the column-blocked copies where MKL's GEMV is the faster (forced either way here): the
     greedy tokens equal HF's both ways, and the copies exist exactly when chosen (and only on CPU)."""
-    from minisgl.layers import linear
+    from minisgl.layers import amx_utils, linear
 
-    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: gemv_copies)
+    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: gemv_copies)
     runner = make_runner(tiny_llama)
     weights = [
         m.weight for m in runner.model.modules() if isinstance(m, linear.ReplicatedLinear | linear.RowParallelLinear)
@@ -119,10 +119,10 @@ def test_prefill_matches_hf_with_either_gemm_kernel(tiny_llama, gemm_copies, mon
     """Long inputs run MKL's GEMM on the plain weights where it is the faster (forced either way here, and from two
     rows on, so that every extend of the test prompts takes it): the prefill's logits and the greedy tokens
     equal HF's both ways, and the plain weights are kept exactly when chosen."""
-    from minisgl.layers import linear
+    from minisgl.layers import amx_utils, linear
 
-    monkeypatch.setattr(linear, "mkl_gemm_is_faster", lambda: gemm_copies)
-    monkeypatch.setattr(linear, "MKL_GEMM_MIN_ROWS", 2)
+    monkeypatch.setattr(amx_utils, "mkl_gemm_is_faster", lambda: gemm_copies)
+    monkeypatch.setattr(amx_utils, "MKL_GEMM_MIN_ROWS", 2)
     runner = make_runner(tiny_llama)
     weights = [
         m.weight for m in runner.model.modules() if isinstance(m, linear.ReplicatedLinear | linear.RowParallelLinear)
@@ -185,11 +185,11 @@ def test_bfloat16_through_float32_copies_close_to_hf(model_path, monkeypatch):
     """Where oneDNN cannot pack bfloat16 weights (forced here: an AVX2-only CPU), every linear and the LM head keep
     a float32 copy that batched rows read (``keep_float32_copy``): the prefill's and a batched decode step's
     logits stay as close to HF's bfloat16 ones as the packed path's (Qwen2's biases included)."""
-    from minisgl.layers import linear
+    from minisgl.layers import amx_utils, linear
 
     if not TILES_ON_DEVICE:
         pytest.skip("CPU-only: GPU weights are never packed or copied")
-    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", False)
+    monkeypatch.setattr(amx_utils, "CPU_MULTIPLIES_BFLOAT16", False)
     runner = make_runner(model_path, dtype=torch.bfloat16)
     linears = [m for m in runner.model.modules() if isinstance(m, linear.ReplicatedLinear | linear.RowParallelLinear)]
     heads = [runner.model.lm_head.weight]

@@ -12,7 +12,7 @@ import torch
 from transformers.activations import ACT2FN
 from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
-from minisgl.layers import linear
+from minisgl.layers import amx_utils, linear
 from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.layernorm import RMSNorm
 from minisgl.model_executor.cpu_graph_runner import set_torch_compile_config
@@ -67,12 +67,12 @@ def test_compiled_silu_and_mul_matches_hf(dtype):
 def test_apply_linear_on_prepacked_weight_matches_plain_linear(monkeypatch, padded_rows, dtype):
     """Both answers of min_packed_rows (4 or 1), every row count around it: the packed kernel, padded or not,
     returns exactly the input's rows with the plain layer's values."""
-    monkeypatch.setattr(linear, "min_packed_rows", lambda: padded_rows)
+    monkeypatch.setattr(amx_utils, "min_packed_rows", lambda: padded_rows)
     weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
-    packed = linear.prepack_weight(weight)
+    packed = amx_utils.prepack_weight(weight)
     for rows in range(1, 6):
         x = torch.randn(rows, 40).to(dtype)
-        out = linear.apply_linear(x, packed, bias)
+        out = amx_utils.apply_linear(x, packed, bias)
         ref = torch.nn.functional.linear(x.double(), weight.double(), bias.double())
         assert out.shape == (rows, 48) and out.dtype == dtype
         torch.testing.assert_close(out.double(), ref, atol=1e-4 if dtype == torch.float32 else 0.1, rtol=0.02)
@@ -83,14 +83,14 @@ def test_float32_copy_serves_bfloat16_batches_only(monkeypatch):
     read; a single row reads the bfloat16 weight, as torch's own linear does. The copy's outputs are bfloat16,
     the float32 product of the exact bfloat16 values rounded once: within half a bfloat16 step of the float64
     product (plus float32 sum-order noise). Doubling the copy doubles the outputs of batches alone."""
-    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", False)  # an AVX2-only CPU, whatever this one is
+    monkeypatch.setattr(amx_utils, "CPU_MULTIPLIES_BFLOAT16", False)  # an AVX2-only CPU, whatever this one is
     weight, bias = torch.randn(48, 40).bfloat16(), torch.randn(48).bfloat16()
-    linear.keep_float32_copy(weight)
+    amx_utils.keep_float32_copy(weight)
     assert weight.float32_weight.dtype == torch.float32
     for rows in (1, 2, 5):
         for b in (None, bias):
             x = torch.randn(rows, 40).bfloat16()
-            out = linear.apply_linear(x, weight, b)
+            out = amx_utils.apply_linear(x, weight, b)
             assert out.shape == (rows, 48) and out.dtype == torch.bfloat16
             if rows == 1:
                 assert torch.equal(out, torch.nn.functional.linear(x, weight, b))
@@ -98,13 +98,13 @@ def test_float32_copy_serves_bfloat16_batches_only(monkeypatch):
             ref = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
             assert ((out.double() - ref).abs() <= ref.abs() * 2**-8 + 1e-5).all()
     if weight.float32_weight.is_mkldnn:
-        weight.float32_weight = linear.prepack_weight(weight.double().float() * 2)
+        weight.float32_weight = amx_utils.prepack_weight(weight.double().float() * 2)
     else:
         weight.float32_weight.mul_(2)
     x = torch.randn(3, 40).bfloat16()
-    assert torch.equal(linear.apply_linear(x[:1], weight), torch.nn.functional.linear(x[:1], weight))
+    assert torch.equal(amx_utils.apply_linear(x[:1], weight), torch.nn.functional.linear(x[:1], weight))
     doubled = torch.nn.functional.linear(x.double(), 2 * weight.double())
-    torch.testing.assert_close(linear.apply_linear(x, weight).double(), doubled, atol=1e-5, rtol=2**-8)
+    torch.testing.assert_close(amx_utils.apply_linear(x, weight).double(), doubled, atol=1e-5, rtol=2**-8)
 
 
 @pytest.mark.parametrize("multiplies_bfloat16", [False, True], ids=["avx2-only", "bfloat16-arithmetic"])
@@ -112,24 +112,24 @@ def test_float32_copies_only_for_bfloat16_cpu_weights_without_bfloat16_arithmeti
     """Only CPU bfloat16 weights get a copy, and only where the CPU cannot multiply bfloat16 (where it can, oneDNN
     packs them instead); float32 and GPU (here meta) weights never do. Without a copy (a compiled model's plain
     weights), batched rows convert the weight on the fly: the same values."""
-    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", multiplies_bfloat16)
+    monkeypatch.setattr(amx_utils, "CPU_MULTIPLIES_BFLOAT16", multiplies_bfloat16)
     float32, meta = torch.randn(8, 8), torch.randn(8, 8, device="meta").bfloat16()
     bfloat16 = torch.randn(8, 8).bfloat16()
-    for weight in (float32, linear.prepack_weight(float32), meta, bfloat16):
-        linear.keep_float32_copy(weight)
+    for weight in (float32, amx_utils.prepack_weight(float32), meta, bfloat16):
+        amx_utils.keep_float32_copy(weight)
     assert not any(hasattr(w, "float32_weight") for w in (float32, meta))
     assert hasattr(bfloat16, "float32_weight") == (not multiplies_bfloat16)
     if not multiplies_bfloat16:
         x = torch.randn(3, 8).bfloat16()
-        on_the_fly = linear.apply_linear(x, bfloat16.detach().clone())
-        torch.testing.assert_close(on_the_fly, linear.apply_linear(x, bfloat16), atol=0, rtol=2**-7)
+        on_the_fly = amx_utils.apply_linear(x, bfloat16.detach().clone())
+        torch.testing.assert_close(on_the_fly, amx_utils.apply_linear(x, bfloat16), atol=0, rtol=2**-7)
 
 
 def packed_with_copy(keep_copy, dtype: torch.dtype, faster: bool):
     """A 48x40 weight, a bias, the packed weight after ``keep_copy``, and whether a copy is due: float32 packed
     weights only, where the probe (forced to ``faster``) found the copy's kernel faster."""
     weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
-    packed = linear.prepack_weight(weight)
+    packed = amx_utils.prepack_weight(weight)
     keep_copy(packed, weight)
     return weight, bias, packed, faster and dtype == torch.float32 and packed.is_mkldnn
 
@@ -139,7 +139,7 @@ def assert_copy_read_by(packed, weight, bias, cases, reads_doubled_copy) -> None
     read the copy the test doubled (``reads_doubled_copy(rows)``)."""
     for rows, use_bias in cases:
         x = torch.randn(rows, weight.shape[1]).to(weight.dtype)
-        out = linear.apply_linear(x, packed, bias if use_bias else None)
+        out = amx_utils.apply_linear(x, packed, bias if use_bias else None)
         scale = 2 if reads_doubled_copy(rows) else 1
         ref = torch.nn.functional.linear(x.double(), scale * weight.double())
         ref = ref + bias.double() if use_bias else ref
@@ -153,8 +153,8 @@ def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch,
     """Where MKL's GEMV is the faster (forced either way), a float32 packed weight gets a column-blocked copy
     (48 features: two blocks of 32, the last zero-padded), and only single rows read it; bfloat16 never gets one.
     Every row count gives the plain layer's values."""
-    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: faster)
-    weight, bias, packed, has_copy = packed_with_copy(linear.keep_gemv_copy, dtype, faster)
+    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: faster)
+    weight, bias, packed, has_copy = packed_with_copy(amx_utils.keep_gemv_copy, dtype, faster)
     assert hasattr(packed, "gemv_weight") == has_copy
     if has_copy:
         assert packed.gemv_weight.shape == (2, 40, 32) and packed.gemv_weight.is_contiguous()
@@ -171,9 +171,9 @@ def test_gemm_copy_serves_long_inputs_only_and_matches_plain_linear(monkeypatch,
     """Where MKL's GEMM is the faster for long inputs (forced either way), a float32 packed weight keeps its plain
     form, and only inputs of MKL_GEMM_MIN_ROWS rows or more read it (4 here); bfloat16 never keeps one. Every
     row count gives the plain layer's values."""
-    monkeypatch.setattr(linear, "mkl_gemm_is_faster", lambda: faster)
-    monkeypatch.setattr(linear, "MKL_GEMM_MIN_ROWS", 4)
-    weight, bias, packed, has_copy = packed_with_copy(linear.keep_gemm_copy, dtype, faster)
+    monkeypatch.setattr(amx_utils, "mkl_gemm_is_faster", lambda: faster)
+    monkeypatch.setattr(amx_utils, "MKL_GEMM_MIN_ROWS", 4)
+    weight, bias, packed, has_copy = packed_with_copy(amx_utils.keep_gemm_copy, dtype, faster)
     assert hasattr(packed, "gemm_weight") == has_copy
     if has_copy:
         assert not packed.gemm_weight.is_mkldnn and torch.equal(packed.gemm_weight, weight)
@@ -189,21 +189,21 @@ def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio)
     column-blocked copies; MKL over the plain weight) is chosen when it takes under 90% of the default's time, and not when it takes 95%."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # the padding probe runs on AMX CPUs only
     tiny = [torch.zeros(32, 8)]
-    monkeypatch.setattr(linear, "_probe_weights", lambda: (tiny, [linear.prepack_weight(w) for w in tiny]))
+    monkeypatch.setattr(amx_utils, "_probe_weights", lambda: (tiny, [amx_utils.prepack_weight(w) for w in tiny]))
     # each probe times [its alternative, the default]
-    monkeypatch.setattr(linear, "alternating_median_seconds", lambda passes, reps=7: [ratio, 1.0])
-    assert linear._packed_rows_probe() == (4 if ratio < 0.9 else 1)
-    if not linear.prepack_weight(tiny[0]).is_mkldnn:
+    monkeypatch.setattr(amx_utils, "alternating_median_seconds", lambda passes, reps=7: [ratio, 1.0])
+    assert amx_utils._packed_rows_probe() == (4 if ratio < 0.9 else 1)
+    if not amx_utils.prepack_weight(tiny[0]).is_mkldnn:
         return  # without oneDNN there is nothing to copy for
-    assert linear.mkl_gemv_is_faster.__wrapped__() == (ratio < 0.9)
-    assert linear.mkl_gemm_is_faster.__wrapped__() == (ratio < 0.9)
+    assert amx_utils.mkl_gemv_is_faster.__wrapped__() == (ratio < 0.9)
+    assert amx_utils._mkl_gemm_probe() == (ratio < 0.9)
 
 
 def test_probe_timings_alternate_the_passes(monkeypatch):
     """The probes' timer runs the passes in turn, a warm-up round first and untimed, and returns each pass's
     median over the timed rounds."""
     calls, clock = [], iter(range(100))
-    monkeypatch.setattr(linear.time, "perf_counter", lambda: next(clock))
+    monkeypatch.setattr(amx_utils.time, "perf_counter", lambda: next(clock))
     slow = iter([0, 5, 7, 9])  # extra ticks each pass of the first kernel spends: warm-up, then three rounds
 
     def first():
@@ -211,7 +211,7 @@ def test_probe_timings_alternate_the_passes(monkeypatch):
         for _ in range(next(slow)):
             next(clock)
 
-    medians = linear.alternating_median_seconds([first, lambda: calls.append("b")], reps=3)
+    medians = amx_utils.alternating_median_seconds([first, lambda: calls.append("b")], reps=3)
     assert calls == ["a", "b"] * 4
     assert medians == [8, 1]  # first: 6, 8, 10 ticks; second: 1 each
 
@@ -222,16 +222,16 @@ def test_padding_probe_runs_on_first_use_only(monkeypatch):
     import subprocess
     import sys
 
-    code = "import minisgl.layers.linear as linear, sys; sys.exit(linear._min_packed_rows is not None)"
+    code = "import sys, minisgl.layers.linear; from minisgl.layers import amx_utils; sys.exit(amx_utils._min_packed_rows is not None)"
     assert subprocess.run([sys.executable, "-c", code]).returncode == 0
     calls = []
-    monkeypatch.setattr(linear, "_min_packed_rows", None)
-    monkeypatch.setattr(linear, "_packed_rows_probe", lambda: calls.append(1) or 4)
+    monkeypatch.setattr(amx_utils, "_min_packed_rows", None)
+    monkeypatch.setattr(amx_utils, "_packed_rows_probe", lambda: calls.append(1) or 4)
     # the other probes, real and cached for the session, are not this test's
-    monkeypatch.setattr(linear, "mkl_gemv_is_faster", lambda: False)
-    monkeypatch.setattr(linear, "mkl_gemm_is_faster", lambda: False)
+    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: False)
+    monkeypatch.setattr(amx_utils, "mkl_gemm_is_faster", lambda: False)
     linear.prepack_linear_weights(torch.nn.Sequential(linear.ReplicatedLinear(8, 8)))
-    assert calls == [1] and linear.min_packed_rows() == 4 and calls == [1]
+    assert calls == [1] and amx_utils.min_packed_rows() == 4 and calls == [1]
 
 
 def test_mlp_row_blocks_match_one_block_and_compile_once(monkeypatch):

@@ -12,8 +12,8 @@ import torch
 import minisgl.layers.attention.tiled_prefill as tiled_prefill
 import minisgl.model_executor.cpu_graph_runner as cpu_graph_runner
 from minisgl.bench_one_batch import decode, extend
-from minisgl.layers import linear
-from minisgl.layers.linear import min_packed_rows
+from minisgl.layers import amx_utils
+from minisgl.layers.amx_utils import min_packed_rows
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.models import llama
 from tests.test_hf_equality import LONG_PROMPTS, PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
@@ -147,8 +147,8 @@ def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch, multiplies_bfloa
     monkeypatch.setattr(
         tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
-    monkeypatch.setattr(linear, "CPU_MULTIPLIES_BFLOAT16", multiplies_bfloat16)
-    in_float32, traced = linear.multiplies_in_float32, []  # the answer for each bfloat16 weight traced
+    monkeypatch.setattr(amx_utils, "CPU_MULTIPLIES_BFLOAT16", multiplies_bfloat16)
+    in_float32, traced = amx_utils.multiplies_in_float32, []  # the answer for each bfloat16 weight traced
 
     def spy(weight: torch.Tensor) -> bool:
         answer = in_float32(weight)
@@ -156,7 +156,7 @@ def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch, multiplies_bfloa
             traced.append(answer)
         return answer
 
-    monkeypatch.setattr(linear, "multiplies_in_float32", spy)
+    monkeypatch.setattr(amx_utils, "multiplies_in_float32", spy)
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
     assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= min_packed_rows())}
@@ -191,6 +191,32 @@ def test_compiled_float32_long_prompt_matches_hf(tiny_llama, monkeypatch):
     with torch.no_grad():
         ref = hf_model(tiny_llama)(torch.tensor(LONG_PROMPTS[:1])).logits[:, -1]
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("mkl_faster", [False, True], ids=["onednn-gemm", "mkl-gemm"])
+def test_compiled_long_extend_runs_mkl_gemm_where_faster(tiny_llama, monkeypatch, mkl_faster):
+    """Where the probe finds MKL's GEMM the faster, a compiled float32 extend of MKL_GEMM_MIN_ROWS rows or more
+    (100 here) calls it through the opaque plain_weight_linear for each of its layers' four linears, as eager
+    prefill reads its plain copies; a shorter extend leaves every linear to Inductor, and so does every extend
+    where oneDNN is the faster. Logits match HF to 1e-4 either way."""
+    monkeypatch.setattr(amx_utils, "_mkl_gemm_is_faster", mkl_faster)  # the probe's result, which the load keeps
+    monkeypatch.setattr(amx_utils, "MKL_GEMM_MIN_ROWS", 100)
+    runner, calls = compiled_runner(tiny_llama)
+    hf = hf_model(tiny_llama)
+    for prompt, gemm_calls in ((LONG_PROMPTS[0], 2 * 4 * mkl_faster), (PROMPTS[0], 0)):  # 2 layers, 4 linears
+        run_greedy(runner, [prompt], steps=1)  # compiles
+        runner.req_to_token_pool.clear()
+        runner.token_to_kv_pool_allocator.clear()
+        with torch.profiler.profile() as profile:
+            logits, _ = run_greedy(runner, [prompt], steps=1)
+        runner.req_to_token_pool.clear()
+        runner.token_to_kv_pool_allocator.clear()
+        ops = [event.name for event in profile.events()]
+        assert ops.count("minisgl::plain_weight_linear") == gemm_calls
+        with torch.no_grad():
+            ref = hf(torch.tensor([prompt])).logits[:, -1]
+        torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+    assert calls["extend"] == 4
 
 
 def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):

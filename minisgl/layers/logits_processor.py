@@ -13,7 +13,7 @@ import torch
 from torch import nn
 
 from minisgl.distributed.parallel_state import tensor_model_parallel_all_gather
-from minisgl.layers.linear import apply_linear
+from minisgl.layers.amx_utils import apply_linear
 from minisgl.model_executor.forward_batch_info import ForwardBatch
 
 

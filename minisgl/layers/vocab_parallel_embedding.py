@@ -16,7 +16,8 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from minisgl.layers.linear import copy_checked, keep_float32_copy, keep_gemv_copy, prepack_weight, shard
+from minisgl.layers.amx_utils import keep_float32_copy, keep_gemv_copy, prepack_weight
+from minisgl.layers.linear import copy_checked, shard
 
 
 class VocabParallelEmbedding(nn.Module):

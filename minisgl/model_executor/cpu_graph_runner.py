@@ -3,7 +3,8 @@
 Eagerly, a decode step of a small model launches about a thousand small kernels from Python (two RMSNorms,
 RoPE, SiLU and residual adds per layer, each a few kernels); at batch 1 that framework time is a fifth of
 SmolLM2's step. Compiled, the elementwise work between the matmuls fuses into a few C++ loops and the
-weights are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's). Decode attention and
+weights are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's; a long prefill's linears
+keep the plain weight where MKL's GEMM is the faster, see ``traced_gemm_on_plain_weight``). Decode attention and
 a single request's extend are traced into the graph too, K/V write included (an extend past one 128-token
 tile, where the tiles apply, calls the opaque ``minisgl::causal_prefill_attention`` there); the attention of
 an extend of several requests runs as one opaque custom op per layer (``minisgl::unified_attention``), which
@@ -39,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from minisgl.layers.linear import min_packed_rows
+from minisgl.layers.amx_utils import min_packed_rows, mkl_gemm_is_faster
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.model_executor.forward_batch_info import ForwardBatch
@@ -144,6 +145,8 @@ class CPUGraphRunner(BaseRunner):
         # fast phase: 11.1 -> 9.2 ms/step; equal in its slow phase; on a later Xeon VM with AMX, whose 1-row
         # kernel the probe finds the faster, 33.6 -> 24.9). The tuning adds about a minute to the first small
         # decode's compile (SmolLM2, 2 cores). On CUDA nothing is padded, and every decode runs the general graph.
+        if self.device.type == "cpu":
+            mkl_gemm_is_faster()  # probed at load, not in the trace of a long prefill (traced_gemm_on_plain_weight)
         self.compiled_small_decode = self.compiled_forward
         # the rows small decodes are padded to, where they get the tuned graph (see tunes_small_decodes)
         self.small_decode_rows: int | None = None
