@@ -276,7 +276,8 @@ def traced_gemm_on_plain_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
 def plain_weight_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
     """``F.linear`` on a plain ``[out, in]`` weight as an opaque op, which Inductor calls as it is: its freezing
     passes cannot swap it for oneDNN's packed kernel, so a compiled long prefill runs MKL's GEMM, as an eager one
-    does. SGLang's CPU path has no such choice: its ``sgl_kernel`` GEMMs read weights packed at load."""
+    does. SGLang's CPU path makes no such choice: with AMX its ``sgl_kernel`` GEMMs read weights packed at load,
+    without it ``F.linear`` is left to Inductor."""
     return F.linear(x, weight, bias)
 
 
