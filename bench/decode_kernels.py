@@ -32,7 +32,7 @@ from rich.table import Table
 
 from minisgl.bench_one_batch import load_model
 from minisgl.layers.amx_utils import (
-    alternating_median_seconds,
+    alternating_seconds,
     apply_linear,
     blocked_gemv,
     column_blocked,
@@ -92,7 +92,7 @@ def picked_kernel(dtype: torch.dtype, rows: int, kernels: dict[str, Kernel]) -> 
 
 def time_kernels(kernels: dict[str, Kernel], xs: list[torch.Tensor], reps: int) -> dict[str, float]:
     """Median seconds of one pass per kernel, kernels alternating within each repetition, as the probes time."""
-    seconds = alternating_median_seconds([lambda kernel=kernel: kernel(xs) for kernel in kernels.values()], reps)
+    seconds = alternating_seconds([lambda kernel=kernel: kernel(xs) for kernel in kernels.values()], reps)
     return dict(zip(kernels, seconds))
 
 

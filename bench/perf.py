@@ -276,9 +276,12 @@ def main(args: argparse.Namespace, device: torch.device, scratch: str) -> None:
             # Fresh engine processes for each model and dtype: what one left behind (compiled graphs, each with its
             # own copy of the weights; a fragmented heap) cannot crowd the next out of memory.
             with contextlib.ExitStack() as stack:
-                engines = {name: stack.enter_context(EngineProcess(name, device)) for name in args.engines}
-                for engine in engines.values():
-                    engine.call("load", paths[model_name], dtype_name, max_tokens)
+                engines = {}
+                for name in args.engines:
+                    # Started one at a time: an engine's load, and the kernel probes in it, never share the cores
+                    # with another engine's start-up (a probe timed so once chose the kernel that lost).
+                    engines[name] = stack.enter_context(EngineProcess(name, device))
+                    engines[name].call("load", paths[model_name], dtype_name, max_tokens)
                 counted = meta_model(paths[model_name], DTYPES[dtype_name])  # FLOPs and bytes, on no memory
                 for workload in todo:
                     kept["rows"].append(run_row(args, device, engines, model_name, dtype_name, counted, workload))

@@ -654,7 +654,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.model_executor.cpu_graph_runner.tunes_small_decodes": "SGLang's CPUGraphRunner compiles every captured batch size alike (torch.compile, dynamic=False, no autotuning); minisgl autotunes small decodes where that measured faster",
     "minisgl.model_executor.cpu_graph_runner.profile_compiled_kernels": "SGLang 0.5.14 never sets Inductor's cpp.enable_kernel_profile, so its torch profiles show a compiled CPU graph as one call",
     "minisgl.model_executor.cpu_graph_runner.compile_options": "SGLang's patch_model calls torch.compile(torch.no_grad()(model.forward), dynamic=False) with no options, so dynamo checks all its guards",
-    "minisgl.layers.amx_utils.alternating_median_seconds": "helper of the kernel probes and bench/decode_kernels.py",
+    "minisgl.layers.amx_utils.alternating_seconds": "helper of the kernel probes and bench/decode_kernels.py",
     "minisgl.layers.amx_utils._is_faster_by_a_tenth": "the kernel probes' rule",
     "minisgl.layers.amx_utils.column_blocked": "the layout of keep_gemv_copy's copy; SGLang's CPU path packs weights for its AMX kernels",
     "minisgl.layers.amx_utils.blocked_gemv": "the single-row product over keep_gemv_copy's copy; SGLang's CPU path runs its AMX/AVX-512 kernels (sgl_kernel)",

@@ -191,7 +191,7 @@ def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio)
     tiny = [torch.zeros(32, 8)]
     monkeypatch.setattr(amx_utils, "_probe_weights", lambda: (tiny, [amx_utils.prepack_weight(w) for w in tiny]))
     # each probe times [its alternative, the default]
-    monkeypatch.setattr(amx_utils, "alternating_median_seconds", lambda passes, reps=7: [ratio, 1.0])
+    monkeypatch.setattr(amx_utils, "alternating_seconds", lambda passes, reps=7, statistic=None: [ratio, 1.0])
     assert amx_utils._packed_rows_probe() == (4 if ratio < 0.9 else 1)
     if not amx_utils.prepack_weight(tiny[0]).is_mkldnn:
         return  # without oneDNN there is nothing to copy for
@@ -201,7 +201,7 @@ def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio)
 
 def test_probe_timings_alternate_the_passes(monkeypatch):
     """The probes' timer runs the passes in turn, a warm-up round first and untimed, and returns each pass's
-    median over the timed rounds."""
+    median over the timed rounds, or its fastest where asked."""
     calls, clock = [], iter(range(100))
     monkeypatch.setattr(amx_utils.time, "perf_counter", lambda: next(clock))
     slow = iter([0, 5, 7, 9])  # extra ticks each pass of the first kernel spends: warm-up, then three rounds
@@ -211,9 +211,13 @@ def test_probe_timings_alternate_the_passes(monkeypatch):
         for _ in range(next(slow)):
             next(clock)
 
-    medians = amx_utils.alternating_median_seconds([first, lambda: calls.append("b")], reps=3)
+    medians = amx_utils.alternating_seconds([first, lambda: calls.append("b")], reps=3)
     assert calls == ["a", "b"] * 4
     assert medians == [8, 1]  # first: 6, 8, 10 ticks; second: 1 each
+    calls.clear()
+    slow = iter([0, 9, 5, 7])
+    fastest = amx_utils.alternating_seconds([first, lambda: calls.append("b")], reps=3, statistic=min)
+    assert calls == ["a", "b"] * 4 and fastest == [6, 1]
 
 
 def test_padding_probe_runs_on_first_use_only(monkeypatch):
