@@ -5,8 +5,10 @@ communication); a row-parallel layer splits its *input* features and all-reduces
 Pairing them (qkv/gate_up column-parallel, o/down row-parallel) costs one all-reduce per block.
 
 Each parameter carries a ``weight_loader`` that takes the *full* checkpoint tensor and copies in only
-this rank's shard, so ``load_weights`` is the same loop at any tp size. SGLang's ``linear.py`` adds
-quantization methods, fused-shard-on-disk formats, bias skipping and custom weight-loading v2 paths.
+this rank's shard, so ``load_weights`` is the same loop at any tp size. Every layer multiplies through
+``apply_linear``, which with the CPU weight forms it reads (``prepack_linear_weights`` makes them after loading)
+lives in ``amx_utils.py``. SGLang's ``linear.py`` adds quantization methods, fused-shard-on-disk formats, bias
+skipping and custom weight-loading v2 paths.
 """
 
 from __future__ import annotations
