@@ -112,7 +112,7 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     if not weight.is_mkldnn:
         if multiplies_in_float32(weight) and x.shape[0] > 1:
             return linear_in_float32(x, weight, bias)
-        if torch.compiler.is_compiling() and traced_gemm_on_plain_weight(x, weight):
+        if traced_gemm_on_plain_weight(x, weight):
             return plain_weight_linear(x, weight, bias)
         return F.linear(x, weight, bias)
     rows = x.shape[0]
@@ -271,9 +271,10 @@ def traced_gemm_on_plain_weight(x: torch.Tensor, weight: torch.Tensor) -> bool:
     for oneDNN: for ``MKL_GEMM_MIN_ROWS`` rows or more where ``mkl_gemm_is_faster``, as eager ``apply_linear``
     reads its ``keep_gemm_copy``. It reads the probe's result without probing (``CPUGraphRunner`` probes at load):
     the probe traced would break the graph into pieces. The result goes first, so that where it is false the row
-    count adds no guard (and no graph) at all."""
+    count adds no guard (and no graph) at all, and an eager product (a CUDA one, never probed) pays one read."""
     return (
         bool(_mkl_gemm_is_faster)
+        and torch.compiler.is_compiling()
         and weight.dtype == torch.float32
         and weight.device.type == "cpu"
         and x.shape[0] >= MKL_GEMM_MIN_ROWS
