@@ -6,8 +6,8 @@
 
 *tiled attention* is ``causal_prefill_attention`` against SDPA (``TILED_PREFILL_DTYPES``),
 *MLP blocks* is ``LlamaMLP``'s row blocks against one block (``_MLP_BLOCK_BYTES``), *MKL GEMM copies* is MKL's GEMM
-on the plain float32 weights for long prefills against oneDNN's packed kernel (``MKL_GEMM_MIN_ROWS``; the copies
-exist only where ``mkl_gemm_is_faster``, elsewhere both variants are the same). Each variant runs the same
+on the plain float32 weights for long prefills against oneDNN's packed kernel (``MKL_GEMM_MIN_ROWS``; compiled, the
+opaque ``plain_weight_linear``; only where ``mkl_gemm_is_faster``, elsewhere both variants are the same). Each variant runs the same
 ``bench_one_batch`` path as ``bench/perf.py``, alternating between repetitions on one loaded model; the table
 shows median prefill times and the ratio off / on (above 1: the lever helps). With ``--compiled`` each variant
 compiles its own graph in the warm-up. *heap reuse* (``--allocator``) is ``keep_freed_cpu_memory``
