@@ -46,7 +46,10 @@ def alternating_seconds(
 
 
 def _is_faster_by_a_tenth(
-    alternative: Callable[[], object], default: Callable[[], object], reps: int = 7, statistic=statistics.median
+    alternative: Callable[[], object],
+    default: Callable[[], object],
+    reps: int = 7,
+    statistic: Callable[[list[float]], float] = statistics.median,
 ) -> bool:
     """The probes' rule: switch from the default kernel only for one that takes under 90% of its time."""
     alternative_seconds, default_seconds = alternating_seconds([alternative, default], reps, statistic)

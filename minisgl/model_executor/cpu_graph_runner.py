@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import torch
 import torch.nn.functional as F
 
-from minisgl.layers.amx_utils import min_packed_rows, mkl_gemm_is_faster
+from minisgl.layers.amx_utils import CPU_MULTIPLIES_BFLOAT16, min_packed_rows, mkl_gemm_is_faster
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.model_executor.forward_batch_info import ForwardBatch
@@ -135,6 +135,11 @@ class CPUGraphRunner(BaseRunner):
         for buffer in (*pool.k_buffer, *pool.v_buffer):
             torch._dynamo.mark_static(buffer)
         self.compiled_forward = torch.compile(model_runner.model.forward, dynamic=True, options=compile_options())
+        # Probed at load, not in the trace of a long prefill (traced_gemm_on_plain_weight), and only where a traced
+        # linear multiplies in float32: a 16-bit weight that oneDNN multiplies as it is never takes MKL's GEMM.
+        dtype = model_runner.model_config.dtype
+        if self.device.type == "cpu" and (dtype == torch.float32 or not CPU_MULTIPLIES_BFLOAT16):
+            mkl_gemm_is_faster()
         # Decode batches of up to min_packed_rows() requests all run as that many padded rows, one shape that gets
         # its own graph tuned for it: max-autotune times Inductor's C++ GEMM template against the ATen
         # kernel for each linear and keeps the faster. At these rows the template streams the weights at the
@@ -145,8 +150,6 @@ class CPUGraphRunner(BaseRunner):
         # fast phase: 11.1 -> 9.2 ms/step; equal in its slow phase; on a later Xeon VM with AMX, whose 1-row
         # kernel the probe finds the faster, 33.6 -> 24.9). The tuning adds about a minute to the first small
         # decode's compile (SmolLM2, 2 cores). On CUDA nothing is padded, and every decode runs the general graph.
-        if self.device.type == "cpu":
-            mkl_gemm_is_faster()  # probed at load, not in the trace of a long prefill (traced_gemm_on_plain_weight)
         self.compiled_small_decode = self.compiled_forward
         # the rows small decodes are padded to, where they get the tuned graph (see tunes_small_decodes)
         self.small_decode_rows: int | None = None
