@@ -565,3 +565,74 @@ def test_decode_phases_script_puts_each_run_between_two_probes(monkeypatch, tiny
     assert (
         "minisgl dummy134 float32 1,8,3" in out and sum(line.strip().startswith("│ ") for line in out.splitlines()) == 2
     )
+
+
+@pytest.fixture
+def decode_attention(monkeypatch):
+    monkeypatch.syspath_prepend(str(REPO_ROOT / "bench"))
+    return importlib.import_module("decode_attention")
+
+
+def test_decode_attention_layers_have_the_models_head_shapes(decode_attention):
+    """bench/decode_attention.py's layers: SmolLM2's from its GGUF (9 query heads on 3 KV heads of 64, 30 layers)
+    and dummy134's (12 heads of 64, 12 layers), as the loaded models' RadixAttention layers have them."""
+    shapes = {
+        name: {(layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim, layer.scaling) for layer in layers}
+        for name in decode_attention.MODELS
+        for layers in [decode_attention.attention_layers(name)]
+    }
+    counts = {name: len(decode_attention.attention_layers(name)) for name in decode_attention.MODELS}
+    assert shapes == {"smollm2": {(9, 3, 64, 0.125)}, "dummy134": {(12, 12, 64, 0.125)}}
+    assert counts == {"smollm2": 30, "dummy134": 12}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_attention_passes_attend_over_each_requests_positions(decode_attention, dtype):
+    """Both timed passes (eager, compiled) return every layer's attention of each request over its own cached
+    positions plus the new token (a float64 reference), and write the new token's K/V; the floor counts exactly
+    the K/V bytes that reference reads."""
+    from tests.test_decode_attention import naive_decode_attention
+
+    torch.manual_seed(0)
+    layers = [decode_attention.RadixAttention(6, 8, 8**-0.5, 2, layer_id) for layer_id in range(2)]
+    pool = decode_attention.kv_pool(layers, dtype, 3 * 12)
+    step = torch.compile(decode_attention.all_layers_step, dynamic=True)
+    for batch, context in [(3, 11), (2, 5)]:
+        forward_batch = decode_attention.decode_batch(pool, batch, context)
+        slots = [
+            forward_batch.req_to_token_pool.req_to_token[row, : context + 1].tolist() for row in range(1, batch + 1)
+        ]
+        assert sorted(s for request in slots for s in request) == list(range(1, batch * (context + 1) + 1))
+        q, k, v = qkv = decode_attention.new_tokens(layers, forward_batch)
+        assert q.shape == (batch, 6, 8) and k.shape == v.shape == (batch, 2, 8) and q.dtype == dtype
+        for attention_pass in decode_attention.attention_passes(layers, forward_batch, step, qkv):
+            for buffers in (pool.k_buffer, pool.v_buffer):
+                for buffer in buffers:
+                    buffer[forward_batch.out_cache_loc] = 0  # the pass must write the new token's K/V itself
+            for layer, out in zip(layers, attention_pass()):
+                k_buffer, v_buffer = pool.k_buffer[layer.layer_id], pool.v_buffer[layer.layer_id]
+                assert torch.equal(k_buffer[forward_batch.out_cache_loc], k)
+                assert torch.equal(v_buffer[forward_batch.out_cache_loc], v)
+                expected = naive_decode_attention(q, k_buffer, v_buffer, slots, 3, layer.scaling)
+                tolerance = 1e-5 if dtype == torch.float32 else 2e-2
+                torch.testing.assert_close(out.double().view(batch, 6, 8), expected, atol=tolerance, rtol=tolerance)
+        positions = batch * (context + 1)
+        assert decode_attention.kv_bytes(forward_batch) == 2 * positions * 2 * 8 * pool.k_buffer[0].element_size()
+
+
+def test_decode_attention_script_prints_the_floor_of_each_row(decode_attention, monkeypatch, capsys):
+    """``python bench/decode_attention.py``: a row per batch and context, its floor one layer's K/V bytes at the
+    sampled bandwidth (here a fixed 1e9 B/s), each pass's share of it below 100%."""
+    layers = [decode_attention.RadixAttention(4, 64, 0.125, 2, layer_id) for layer_id in range(2)]
+    monkeypatch.setattr(decode_attention, "attention_layers", lambda name: layers)
+    monkeypatch.setattr(decode_attention, "read_bandwidth", lambda: 1e9)
+    decode_attention.main(["--models", "dummy134", "--batches", "1", "2", "--contexts", "31", "--reps", "1"])
+    out = capsys.readouterr().out
+    assert "dummy134 float32: decode attention" in out
+    rows = [[cell.strip() for cell in line.split("│")[1:-1]] for line in out.splitlines() if " x 31" in line]
+    assert [cells[0] for cells in rows] == ["1 x 31", "2 x 31"]
+    for cells, batch in zip(rows, (1, 2)):
+        kv_bytes = 2 * batch * 32 * 2 * 64 * 4  # K and V, 32 positions, 2 KV heads of 64 float32 values
+        assert float(cells[1]) == pytest.approx(kv_bytes / 1e6, abs=0.005)
+        assert float(cells[3]) == pytest.approx(kv_bytes / 1e9 * 1e6, abs=0.05)
+        assert all(0 < int(cell.rstrip("%")) < 100 for cell in cells[6:8])

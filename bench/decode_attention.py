@@ -1,0 +1,186 @@
+"""Decode attention beside its floor: the eager and the compiled kernel, per layer, by batch and context length.
+
+    python bench/decode_attention.py                     # SmolLM2's and dummy134's heads, float32 (~4 min on 2 cores)
+    python bench/decode_attention.py --models dummy134 --dtypes bfloat16 --batches 32 --contexts 256 --reps 5
+
+A decode step's attention reads every cached key and value of its requests once, so its floor is those bytes at
+the machine's read bandwidth (``perf.read_bandwidth``, sampled before and after each row). This times
+``TorchNativeAttnBackend.forward_decode`` on the model's head shapes over all of its layers, each layer with its
+own pool as in a step (the K/V come from memory, not from the cache a repeated call on one layer would leave them
+in): *eager*, as an eager step runs it (K/V gathered, then SDPA), and *compiled*, the same calls traced into one
+graph, as ``CPUGraphRunner``'s forward runs them (``fused_decode_attention``, reading the pool in place), a GEMM
+between two layers as in the model (``all_layers_step``), the two passes alternating between repetitions. Both
+include the new token's K/V write. Each request's cached positions lie in consecutive slots, as a prefill leaves
+them. The table shows microseconds per layer (median) and the share of the floor each reaches. At long contexts
+the attention is the part of a compiled decode step that keeps it from the weights' bandwidth floor (issue #5):
+this shows how far each kernel is from its own.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+from types import SimpleNamespace
+
+import torch
+from engines import DTYPES, RANDOM_LLAMAS
+from perf import read_bandwidth
+from rich.console import Console
+from rich.table import Table
+from transformers import LlamaConfig
+
+from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
+from minisgl.layers.radix_attention import RadixAttention
+from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
+from minisgl.model_executor.cpu_graph_runner import set_torch_compile_config
+from minisgl.model_executor.forward_batch_info import ForwardMode
+from minisgl.model_loader.default_model import default_model_path
+from minisgl.utils.hf_transformers_utils import get_config
+
+MODELS = ["smollm2", "dummy134"]
+CPU = torch.device("cpu")
+FLUSH_BYTES = 64 << 20  # written before each timed pass: past a server CPU's L3 share
+
+
+def attention_layers(model_name: str) -> list[RadixAttention]:
+    """The model's attention layers as minisgl builds them (heads, KV heads, head_dim, scaling; tp 1), from its
+    config alone: the default model's GGUF metadata, or the random Llama's config."""
+    config = get_config(default_model_path()) if model_name == "smollm2" else LlamaConfig(**RANDOM_LLAMAS[model_name])
+    heads = config.num_attention_heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    return [RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, i) for i in range(config.num_hidden_layers)]
+
+
+def kv_pool(layers: list[RadixAttention], dtype: torch.dtype, slots: int) -> MHATokenToKVPool:
+    """A KV pool of random K/V for every layer, with ``slots`` slots past the reserved slot 0, shared by a table's
+    rows. Its buffers are static to the compiled step, as ``CPUGraphRunner`` marks a runner's pool, so rows differ
+    in symbolic sizes only: one graph for batch 1 and one for larger batches (dynamo specializes a size of 1)."""
+    pool = MHATokenToKVPool(slots + 1, dtype, layers[0].tp_k_head_num, layers[0].head_dim, len(layers), CPU)
+    for buffer in (*pool.k_buffer, *pool.v_buffer):
+        buffer.copy_(torch.randn(buffer.shape).to(dtype))
+        torch._dynamo.mark_static(buffer)
+    return pool
+
+
+def decode_batch(pool: MHATokenToKVPool, batch: int, context: int) -> SimpleNamespace:
+    """A decode step's batch: ``batch`` requests with ``context`` cached positions each, then the new token, in one
+    run of consecutive slots per request (from slot 1)."""
+    seq_len = context + 1
+    req_to_token_pool = ReqToTokenPool(batch, seq_len, CPU)  # row 0 reserved, as the pool keeps it
+    slots = torch.arange(1, batch * seq_len + 1, dtype=torch.int32).view(batch, seq_len)
+    req_to_token_pool.req_to_token[1:] = slots
+    lens = torch.full((batch,), seq_len)
+    return SimpleNamespace(forward_mode=ForwardMode.DECODE, req_to_token_pool=req_to_token_pool,
+                           req_pool_indices=torch.arange(1, batch + 1), seq_lens=lens, seq_lens_cpu=lens,
+                           token_to_kv_pool=pool, out_cache_loc=slots[:, -1].long())  # fmt: skip
+
+
+def kv_bytes(forward_batch: SimpleNamespace) -> int:
+    """The K/V bytes one layer's decode attention reads: every position of every request, keys and values."""
+    layer_keys = forward_batch.token_to_kv_pool.k_buffer[0]  # [slots, kv_heads, head_dim]
+    positions = int(forward_batch.seq_lens.sum())
+    return 2 * positions * layer_keys[0].numel() * layer_keys.element_size()
+
+
+def new_tokens(layers: list[RadixAttention], forward_batch: SimpleNamespace) -> tuple[torch.Tensor, ...]:
+    """The step's q, k, v: one new token per request, random, in the pool's dtype."""
+    heads, kv_heads, head_dim = layers[0].tp_q_head_num, layers[0].tp_k_head_num, layers[0].head_dim
+    batch, dtype = len(forward_batch.seq_lens), forward_batch.token_to_kv_pool.dtype
+    return tuple(torch.randn(batch, n, head_dim).to(dtype) for n in (heads, kv_heads, kv_heads))
+
+
+def attention_passes(layers: list[RadixAttention], forward_batch: SimpleNamespace, compiled_step, qkv):
+    """The eager and the compiled pass over all layers, each with its backend's metadata built as its runner
+    builds it (``init_forward_metadata`` eagerly, ``init_forward_metadata_out_graph`` for the graph)."""
+    eager, traced = TorchNativeAttnBackend(), TorchNativeAttnBackend()
+    eager.init_forward_metadata(forward_batch)
+    traced.init_forward_metadata_out_graph(forward_batch)
+
+    def eager_pass() -> list[torch.Tensor]:
+        return all_layers_step(eager, *qkv, layers, forward_batch)
+
+    def compiled_pass() -> list[torch.Tensor]:
+        return compiled_step(traced, *qkv, layers, forward_batch)
+
+    return eager_pass, compiled_pass
+
+
+def all_layers_step(backend, q, k, v, layers, forward_batch) -> list[torch.Tensor]:
+    """Every layer's decode attention of one step, in the backend's ``forward_decode``, with a GEMM between two
+    layers as in a model, whose linears are calls of their own: compiled, each layer's attention is then a kernel of
+    its own, as in the model's graph (without it Inductor puts all 30 of SmolLM2's layers in one kernel, at 8 x 512
+    1.4-1.6x slower per layer). The GEMM (the output times zeros, added to q: a few us per layer, in both passes)
+    leaves q's values as they are."""
+    zeros = q.new_zeros(q.shape[-1], q.shape[-1])
+    outs = []
+    for layer in layers:
+        outs.append(backend.forward_decode(q, k, v, layer, forward_batch))
+        q = q + torch.mm(outs[-1].view(-1, q.shape[-1]), zeros).view(q.shape)
+    return outs
+
+
+def cold_seconds(passes, reps: int) -> list[float]:
+    """Median seconds of each pass over ``reps`` rounds that run every pass in turn, after a warm-up round (the
+    graph compiles there), each pass timed after ``FLUSH_BYTES`` are written: in a step, a layer's weights go
+    through the caches between two layers' attention, so its K/V are read from memory."""
+    flush = torch.zeros(FLUSH_BYTES, dtype=torch.uint8)
+    times: list[list[float]] = [[] for _ in passes]
+    for rep in range(reps + 1):
+        for fn, kept in zip(passes, times):
+            flush.add_(1)
+            tic = time.perf_counter()
+            fn()
+            if rep:
+                kept.append(time.perf_counter() - tic)
+    return [statistics.median(kept) for kept in times]
+
+
+def measure(layers, pool, batch: int, context: int, compiled_step, reps: int) -> tuple[int, float, float, float]:
+    """One row: a layer's K/V bytes, the read bandwidth (median of a sample before and one after the passes), and
+    the eager and the compiled pass's seconds per layer."""
+    forward_batch = decode_batch(pool, batch, context)
+    passes = attention_passes(layers, forward_batch, compiled_step, new_tokens(layers, forward_batch))
+    bandwidth = read_bandwidth()
+    eager_s, compiled_s = cold_seconds(passes, reps)
+    bandwidth = statistics.median([bandwidth, read_bandwidth()])
+    return kv_bytes(forward_batch), bandwidth, eager_s / len(layers), compiled_s / len(layers)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(DTYPES))
+    parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
+    parser.add_argument("--contexts", nargs="+", type=int, default=[128, 512, 2048], help="cached positions")
+    parser.add_argument("--reps", type=int, default=7)
+    args = parser.parse_args(argv)
+    if min(args.batches) < 1 or min(args.contexts) < 1 or args.reps < 1:
+        parser.error("--batches, --contexts and --reps: 1 or more")
+    set_torch_compile_config()
+    # One graph for every shape here (the batch and the positions are symbolic), as the general decode graph.
+    compiled_step = torch.compile(all_layers_step, dynamic=True)
+    console = Console()
+    for model_name in args.models:
+        layers = attention_layers(model_name)
+        for dtype_name in args.dtypes:
+            table = Table(title=f"{model_name} {dtype_name}: decode attention, us per layer (median)")
+            for column in ("batch x context", "K/V MB per layer", "GB/s", "floor", "eager", "compiled",
+                           "floor / eager", "floor / compiled"):  # fmt: skip
+                table.add_column(column)
+            pool = kv_pool(layers, DTYPES[dtype_name], max(args.batches) * (max(args.contexts) + 1))
+            for batch in args.batches:
+                for context in args.contexts:
+                    layer_bytes, bandwidth, eager_s, compiled_s = measure(layers, pool, batch, context, compiled_step,
+                                                                          args.reps)  # fmt: skip
+                    floor, eager_us, compiled_us = (1e6 * s for s in (layer_bytes / bandwidth, eager_s, compiled_s))
+                    table.add_row(f"{batch} x {context}", f"{layer_bytes / 1e6:.2f}", f"{bandwidth / 1e9:.0f}",
+                                  f"{floor:.1f}", f"{eager_us:.0f}", f"{compiled_us:.0f}", f"{floor / eager_us:.0%}",
+                                  f"{floor / compiled_us:.0%}")  # fmt: skip
+            del pool
+            console.print(table)
+
+
+if __name__ == "__main__":
+    main()
