@@ -6,8 +6,9 @@
 A decode step's attention reads every cached key and value of its requests once, so its floor is those bytes at
 the machine's read bandwidth (``perf.read_bandwidth``, sampled before and after each row). This times
 ``TorchNativeAttnBackend.forward_decode`` on the model's head shapes over all of its layers, each layer with its
-own pool as in a step (the K/V come from memory, not from the cache a repeated call on one layer would leave them
-in): *eager*, as an eager step runs it (K/V gathered, then SDPA), and *compiled*, the same calls traced into one
+own pool as in a step, and the caches flushed before each pass (the K/V come from memory, not from the cache a
+repeated call would leave them in; ``--warm`` leaves them there, to tell a kernel bound by its reads from one bound
+by its instructions): *eager*, as an eager step runs it (K/V gathered, then SDPA), and *compiled*, the same calls traced into one
 graph, as ``CPUGraphRunner``'s forward runs them (``fused_decode_attention``, reading the pool in place), a GEMM
 between two layers as in the model (``all_layers_step``), the two passes alternating between repetitions. Both
 include the new token's K/V write. Each request's cached positions lie in consecutive slots, as a prefill leaves
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import argparse
 import statistics
-import time
 from types import SimpleNamespace
 
 import torch
@@ -30,6 +30,7 @@ from rich.console import Console
 from rich.table import Table
 from transformers import LlamaConfig
 
+from minisgl.layers.amx_utils import alternating_seconds
 from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -40,7 +41,9 @@ from minisgl.utils.hf_transformers_utils import get_config
 
 MODELS = ["smollm2", "dummy134"]
 CPU = torch.device("cpu")
-FLUSH_BYTES = 64 << 20  # written before each timed pass: past a server CPU's L3 share
+# Written before each timed pass (untimed): past a server CPU's L3 share. In a step, a layer's weights go through
+# the caches between two layers' attention, so its K/V are read from memory.
+FLUSH_BYTES = 64 << 20
 
 
 def attention_layers(model_name: str) -> list[RadixAttention]:
@@ -121,29 +124,17 @@ def all_layers_step(backend, q, k, v, layers, forward_batch) -> list[torch.Tenso
     return outs
 
 
-def cold_seconds(passes, reps: int) -> list[float]:
-    """Median seconds of each pass over ``reps`` rounds that run every pass in turn, after a warm-up round (the
-    graph compiles there), each pass timed after ``FLUSH_BYTES`` are written: in a step, a layer's weights go
-    through the caches between two layers' attention, so its K/V are read from memory."""
-    flush = torch.zeros(FLUSH_BYTES, dtype=torch.uint8)
-    times: list[list[float]] = [[] for _ in passes]
-    for rep in range(reps + 1):
-        for fn, kept in zip(passes, times):
-            flush.add_(1)
-            tic = time.perf_counter()
-            fn()
-            if rep:
-                kept.append(time.perf_counter() - tic)
-    return [statistics.median(kept) for kept in times]
-
-
-def measure(layers, pool, batch: int, context: int, compiled_step, reps: int) -> tuple[int, float, float, float]:
+def measure(
+    layers, pool, batch: int, context: int, compiled_step, reps: int, warm: bool = False
+) -> tuple[int, float, float, float]:
     """One row: a layer's K/V bytes, the read bandwidth (median of a sample before and one after the passes), and
-    the eager and the compiled pass's seconds per layer."""
+    the eager and the compiled pass's seconds per layer (alternating, the first round a warm-up where the graph
+    compiles; the caches flushed before each pass unless ``warm``)."""
     forward_batch = decode_batch(pool, batch, context)
     passes = attention_passes(layers, forward_batch, compiled_step, new_tokens(layers, forward_batch))
+    flush = torch.zeros(0 if warm else FLUSH_BYTES, dtype=torch.uint8)
     bandwidth = read_bandwidth()
-    eager_s, compiled_s = cold_seconds(passes, reps)
+    eager_s, compiled_s = alternating_seconds(passes, reps, before_each=lambda: flush.add_(1))
     bandwidth = statistics.median([bandwidth, read_bandwidth()])
     return kv_bytes(forward_batch), bandwidth, eager_s / len(layers), compiled_s / len(layers)
 
@@ -155,6 +146,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--contexts", nargs="+", type=int, default=[128, 512, 2048], help="cached positions")
     parser.add_argument("--reps", type=int, default=7)
+    parser.add_argument("--warm", action="store_true", help="no cache flush before a pass: K/V read from cache")
     args = parser.parse_args(argv)
     if min(args.batches) < 1 or min(args.contexts) < 1 or args.reps < 1:
         parser.error("--batches, --contexts and --reps: 1 or more")
@@ -165,7 +157,8 @@ def main(argv: list[str] | None = None) -> None:
     for model_name in args.models:
         layers = attention_layers(model_name)
         for dtype_name in args.dtypes:
-            table = Table(title=f"{model_name} {dtype_name}: decode attention, us per layer (median)")
+            caches = "warm caches" if args.warm else "K/V from memory"
+            table = Table(title=f"{model_name} {dtype_name}: decode attention, us per layer (median; {caches})")
             for column in ("batch x context", "K/V MB per layer", "GB/s", "floor", "eager", "compiled",
                            "floor / eager", "floor / compiled"):  # fmt: skip
                 table.add_column(column)
@@ -173,7 +166,7 @@ def main(argv: list[str] | None = None) -> None:
             for batch in args.batches:
                 for context in args.contexts:
                     layer_bytes, bandwidth, eager_s, compiled_s = measure(layers, pool, batch, context, compiled_step,
-                                                                          args.reps)  # fmt: skip
+                                                                          args.reps, args.warm)  # fmt: skip
                     floor, eager_us, compiled_us = (1e6 * s for s in (layer_bytes / bandwidth, eager_s, compiled_s))
                     table.add_row(f"{batch} x {context}", f"{layer_bytes / 1e6:.2f}", f"{bandwidth / 1e9:.0f}",
                                   f"{floor:.1f}", f"{eager_us:.0f}", f"{compiled_us:.0f}", f"{floor / eager_us:.0%}",

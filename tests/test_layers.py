@@ -201,8 +201,8 @@ def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio)
 
 def test_probe_timings_alternate_the_passes(monkeypatch):
     """The probes' timer runs the passes in turn, a warm-up round first and untimed, and returns each pass's
-    median over the timed rounds, or its fastest where asked."""
-    calls, clock = [], iter(range(100))
+    median over the timed rounds, or its fastest where asked; ``before_each`` runs before every pass, untimed."""
+    calls, clock = [], iter(range(1000))
     monkeypatch.setattr(amx_utils.time, "perf_counter", lambda: next(clock))
     slow = iter([0, 5, 7, 9])  # extra ticks each pass of the first kernel spends: warm-up, then three rounds
 
@@ -218,6 +218,15 @@ def test_probe_timings_alternate_the_passes(monkeypatch):
     slow = iter([0, 9, 5, 7])
     fastest = amx_utils.alternating_seconds([first, lambda: calls.append("b")], reps=3, statistic=min)
     assert calls == ["a", "b"] * 4 and fastest == [6, 1]
+    calls.clear()
+    slow = iter([0, 5, 7, 9])
+
+    def flush():  # a benchmark's cache flush: before every pass, its ticks outside the timed span
+        calls.append("flush")
+        next(clock)
+
+    flushed = amx_utils.alternating_seconds([first, lambda: calls.append("b")], reps=3, before_each=flush)
+    assert calls == ["flush", "a", "flush", "b"] * 4 and flushed == [8, 1]
 
 
 def test_padding_probe_runs_on_first_use_only(monkeypatch):

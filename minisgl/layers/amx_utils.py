@@ -29,15 +29,21 @@ def _probe_weights() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
 
 
 def alternating_seconds(
-    passes: Sequence[Callable[[], object]], reps: int = 7, statistic: Callable[[list[float]], float] = statistics.median
+    passes: Sequence[Callable[[], object]],
+    reps: int = 7,
+    statistic: Callable[[list[float]], float] = statistics.median,
+    before_each: Callable[[], object] | None = None,
 ) -> list[float]:
     """Seconds of each pass (the median of its times, or another ``statistic``), over ``reps`` rounds that run
-    every pass in turn, after one warm-up round (fresh pages). Alternating matters on a shared VM: its slow phases
-    last longer than a pass, and timed one kernel after the other they fall on whichever ran then (here one kernel
-    read at 16-19 GB/s in one run of seven passes and at 22-31 in the next)."""
+    every pass in turn, after one warm-up round (fresh pages), each pass after ``before_each`` where given (untimed:
+    a benchmark's cache flush). Alternating matters on a shared VM: its slow phases last longer than a pass, and
+    timed one kernel after the other they fall on whichever ran then (here one kernel read at 16-19 GB/s in one run
+    of seven passes and at 22-31 in the next)."""
     times: list[list[float]] = [[] for _ in passes]
     for rep in range(reps + 1):
         for fn, kept in zip(passes, times):
+            if before_each is not None:
+                before_each()
             tic = time.perf_counter()
             fn()
             if rep:
