@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import statistics
+import tempfile
 from types import SimpleNamespace
 
 import torch
-from engines import DTYPES, RANDOM_LLAMAS
+from engines import DTYPES, MODELS, dummy_model, model_paths
 from perf import read_bandwidth
 from rich.console import Console
 from rich.table import Table
-from transformers import LlamaConfig
 
 from minisgl.layers.amx_utils import alternating_seconds
 from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
@@ -36,24 +36,17 @@ from minisgl.layers.radix_attention import RadixAttention
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from minisgl.model_executor.cpu_graph_runner import set_torch_compile_config
 from minisgl.model_executor.forward_batch_info import ForwardMode
-from minisgl.model_loader.default_model import default_model_path
-from minisgl.utils.hf_transformers_utils import get_config
 
-MODELS = ["smollm2", "dummy134"]
 CPU = torch.device("cpu")
 # Written before each timed pass (untimed): past a server CPU's L3 share. In a step, a layer's weights go through
 # the caches between two layers' attention, so its K/V are read from memory.
 FLUSH_BYTES = 64 << 20
 
 
-def attention_layers(model_name: str) -> list[RadixAttention]:
-    """The model's attention layers as minisgl builds them (heads, KV heads, head_dim, scaling; tp 1), from its
-    config alone: the default model's GGUF metadata, or the random Llama's config."""
-    config = get_config(default_model_path()) if model_name == "smollm2" else LlamaConfig(**RANDOM_LLAMAS[model_name])
-    heads = config.num_attention_heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    return [RadixAttention(heads, head_dim, head_dim**-0.5, kv_heads, i) for i in range(config.num_hidden_layers)]
+def attention_layers(model_path: str) -> list[RadixAttention]:
+    """The attention layers of minisgl's model for ``model_path`` (``dummy_model``), in layer order."""
+    layers = [m for m in dummy_model(model_path).modules() if isinstance(m, RadixAttention)]
+    return sorted(layers, key=lambda layer: layer.layer_id)
 
 
 def kv_pool(layers: list[RadixAttention], dtype: torch.dtype, slots: int) -> MHATokenToKVPool:
@@ -134,14 +127,14 @@ def measure(
     passes = attention_passes(layers, forward_batch, compiled_step, new_tokens(layers, forward_batch))
     flush = torch.zeros(0 if warm else FLUSH_BYTES, dtype=torch.uint8)
     bandwidth = read_bandwidth()
-    eager_s, compiled_s = alternating_seconds(passes, reps, before_each=lambda: flush.add_(1))
+    eager_s, compiled_s = alternating_seconds(passes, reps, before_each=None if warm else lambda: flush.add_(1))
     bandwidth = statistics.median([bandwidth, read_bandwidth()])
     return kv_bytes(forward_batch), bandwidth, eager_s / len(layers), compiled_s / len(layers)
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--models", nargs="+", default=MODELS, choices=MODELS)
+    parser.add_argument("--models", nargs="+", default=["smollm2", "dummy134"], choices=MODELS)
     parser.add_argument("--dtypes", nargs="+", default=["float32"], choices=list(DTYPES))
     parser.add_argument("--batches", nargs="+", type=int, default=[1, 8])
     parser.add_argument("--contexts", nargs="+", type=int, default=[128, 512, 2048], help="cached positions")
@@ -154,8 +147,10 @@ def main(argv: list[str] | None = None) -> None:
     # One graph for every shape here (the batch and the positions are symbolic), as the general decode graph.
     compiled_step = torch.compile(all_layers_step, dynamic=True)
     console = Console()
-    for model_name in args.models:
-        layers = attention_layers(model_name)
+    with tempfile.TemporaryDirectory(prefix="minisgl-attention-") as scratch:  # the random models' configs
+        paths = model_paths(args.models, scratch)
+        layers_of = {model_name: attention_layers(paths[model_name]) for model_name in args.models}
+    for model_name, layers in layers_of.items():
         for dtype_name in args.dtypes:
             caches = "warm caches" if args.warm else "K/V from memory"
             table = Table(title=f"{model_name} {dtype_name}: decode attention, us per layer (median; {caches})")

@@ -19,18 +19,15 @@ float32 only, and five repetitions on a shared VM carry noise.
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import tempfile
 from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from engines import DTYPES, MODELS, decode_linear_weights, model_paths
+from engines import DTYPES, MODELS, decode_linear_weights, dummy_model, model_paths
 from rich.console import Console
 from rich.table import Table
 
-from minisgl.bench_one_batch import load_model
 from minisgl.layers.amx_utils import (
     alternating_seconds,
     apply_linear,
@@ -41,7 +38,6 @@ from minisgl.layers.amx_utils import (
     multiplies_in_float32,
     prepack_weight,
 )
-from minisgl.server_args import ServerArgs
 
 PACKED, PADDED, BLOCKED, PLAIN, FLOAT32 = KERNELS = (
     "oneDNN packed", "oneDNN padded to 4", "MKL, blocked copy", "F.linear (HF)", "float32 copy",
@@ -50,12 +46,8 @@ Kernel = Callable[[list[torch.Tensor]], list[torch.Tensor]]  # one input per wei
 
 
 def linear_shapes(model_path: str) -> list[tuple[int, int]]:
-    """``[out, in]`` of every linear weight and the LM head of minisgl's model for ``model_path`` (rank 0, tp 1),
-    built with dummy weights: only the config is read."""
-    server_args = ServerArgs(model_path=model_path, dtype="float32", max_total_tokens=256, load_format="dummy")
-    with contextlib.redirect_stdout(io.StringIO()):
-        runner = load_model(server_args, 0)[0]
-    return [tuple(weight.shape) for weight, _ in decode_linear_weights(runner.torch_runner.model)]
+    """``[out, in]`` of every linear weight and the LM head of minisgl's model for ``model_path``."""
+    return [tuple(weight.shape) for weight, _ in decode_linear_weights(dummy_model(model_path))]
 
 
 def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:

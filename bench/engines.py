@@ -98,6 +98,14 @@ def model_paths(names: list[str], scratch: str) -> dict[str, str]:
     return paths
 
 
+def dummy_model(model_path: str) -> torch.nn.Module:
+    """minisgl's model for ``model_path`` (rank 0, tp 1, float32) with dummy weights: its layers' shapes, from the
+    config alone, built as a loaded model builds them."""
+    server_args = ServerArgs(model_path=model_path, dtype="float32", max_total_tokens=256, load_format="dummy")
+    with contextlib.redirect_stdout(io.StringIO()):
+        return load_model(server_args, 0)[0].torch_runner.model
+
+
 def load_hf(path: str | os.PathLike, dtype: torch.dtype):
     """The same weights in HF transformers: a GGUF through its ``gguf_file`` loader, a directory as it is."""
     path = os.fspath(path)

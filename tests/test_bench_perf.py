@@ -573,15 +573,16 @@ def decode_attention(monkeypatch):
     return importlib.import_module("decode_attention")
 
 
-def test_decode_attention_layers_have_the_models_head_shapes(decode_attention):
-    """bench/decode_attention.py's layers: SmolLM2's from its GGUF (9 query heads on 3 KV heads of 64, 30 layers)
-    and dummy134's (12 heads of 64, 12 layers), as the loaded models' RadixAttention layers have them."""
+def test_decode_attention_layers_have_the_models_head_shapes(decode_attention, tmp_path):
+    """bench/decode_attention.py's layers, those of minisgl's models built from the configs: SmolLM2's from its GGUF
+    (9 query heads on 3 KV heads of 64, 30 layers) and dummy134's (12 heads of 64, 12 layers)."""
+    paths = decode_attention.model_paths(["smollm2", "dummy134"], str(tmp_path))
+    layers_of = {name: decode_attention.attention_layers(path) for name, path in paths.items()}
     shapes = {
         name: {(layer.tp_q_head_num, layer.tp_k_head_num, layer.head_dim, layer.scaling) for layer in layers}
-        for name in decode_attention.MODELS
-        for layers in [decode_attention.attention_layers(name)]
+        for name, layers in layers_of.items()
     }
-    counts = {name: len(decode_attention.attention_layers(name)) for name in decode_attention.MODELS}
+    counts = {name: len(layers) for name, layers in layers_of.items()}
     assert shapes == {"smollm2": {(9, 3, 64, 0.125)}, "dummy134": {(12, 12, 64, 0.125)}}
     assert counts == {"smollm2": 30, "dummy134": 12}
 
@@ -624,7 +625,8 @@ def test_decode_attention_script_prints_the_floor_of_each_row(decode_attention, 
     """``python bench/decode_attention.py``: a row per batch and context, its floor one layer's K/V bytes at the
     sampled bandwidth (here a fixed 1e9 B/s), each pass's share of it below 100%."""
     layers = [decode_attention.RadixAttention(4, 64, 0.125, 2, layer_id) for layer_id in range(2)]
-    monkeypatch.setattr(decode_attention, "attention_layers", lambda name: layers)
+    monkeypatch.setattr(decode_attention, "model_paths", lambda names, scratch: dict.fromkeys(names, "unused"))
+    monkeypatch.setattr(decode_attention, "attention_layers", lambda path: layers)
     monkeypatch.setattr(decode_attention, "read_bandwidth", lambda: 1e9)
     decode_attention.main(["--models", "dummy134", "--batches", "1", "2", "--contexts", "31", "--reps", "1"])
     out = capsys.readouterr().out
