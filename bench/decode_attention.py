@@ -1,6 +1,6 @@
-"""Decode attention beside its floor: the eager and the compiled kernel, per layer, by batch and context length.
+"""Decode attention per layer beside its floor: the C++ kernel, gather + SDPA and the compiled kernel.
 
-    python bench/decode_attention.py                     # SmolLM2's and dummy134's heads, float32 (~4 min on 2 cores)
+    python bench/decode_attention.py                     # SmolLM2's and dummy134's heads, float32 (~5 min on 2 cores)
     python bench/decode_attention.py --models dummy134 --dtypes bfloat16 --batches 32 --contexts 256 --reps 5
 
 A decode step's attention reads every cached key and value of its requests once, so its floor is those bytes at
@@ -8,13 +8,14 @@ the machine's read bandwidth (``perf.read_bandwidth``, sampled before and after 
 ``TorchNativeAttnBackend.forward_decode`` on the model's head shapes over all of its layers, each layer with its
 own pool as in a step, and the caches flushed before each pass (the K/V come from memory, not from the cache a
 repeated call would leave them in; ``--warm`` leaves them there, to tell a kernel bound by its reads from one bound
-by its instructions): *eager*, as an eager step runs it (K/V gathered, then SDPA), and *compiled*, the same calls traced into one
-graph, as ``CPUGraphRunner``'s forward runs them (``fused_decode_attention``, reading the pool in place), a GEMM
-between two layers as in the model (``all_layers_step``), the two passes alternating between repetitions. Both
-include the new token's K/V write. Each request's cached positions lie in consecutive slots, as a prefill leaves
-them. The table shows microseconds per layer (median) and the share of the floor each reaches. At long contexts
-the attention is the part of a compiled decode step that keeps it from the weights' bandwidth floor (issue #5):
-this shows how far each kernel is from its own.
+by its instructions): *eager*, as an eager step runs it (on CPU the C++ kernel of ``cpu_decode.py``, reading the
+pool in place), *sdpa*, the eager path it replaced and falls back to (K/V gathered, then SDPA), and *compiled*,
+the same calls traced into one graph, as ``CPUGraphRunner``'s forward runs them (``fused_decode_attention``,
+reading the pool in place), a GEMM between two layers as in the model (``all_layers_step``), the three passes
+alternating between repetitions. All include the new token's K/V write. Each request's cached positions lie in
+consecutive slots, as a prefill leaves them. The table shows microseconds per layer (median) and the share of the
+floor each reaches. At long contexts the attention is the part of a compiled decode step that keeps it from the
+weights' bandwidth floor (issue #5): this shows how far each kernel is from its own.
 """
 
 from __future__ import annotations
@@ -41,6 +42,8 @@ CPU = torch.device("cpu")
 # Written before each timed pass (untimed): past a server CPU's L3 share. In a step, a layer's weights go through
 # the caches between two layers' attention, so its K/V are read from memory.
 FLUSH_BYTES = 64 << 20
+# The timed passes, in the table's order (attention_passes).
+PASSES = ("eager", "sdpa", "compiled")
 
 
 def attention_layers(model_path: str) -> list[RadixAttention]:
@@ -88,19 +91,27 @@ def new_tokens(layers: list[RadixAttention], forward_batch: SimpleNamespace) -> 
 
 
 def attention_passes(layers: list[RadixAttention], forward_batch: SimpleNamespace, compiled_step, qkv):
-    """The eager and the compiled pass over all layers, each with its backend's metadata built as its runner
-    builds it (``init_forward_metadata`` eagerly, ``init_forward_metadata_out_graph`` for the graph)."""
-    eager, traced = TorchNativeAttnBackend(), TorchNativeAttnBackend()
+    """The eager, the gather + SDPA and the compiled pass over all layers, each with its backend's metadata built
+    as its runner builds it (``init_forward_metadata`` eagerly, ``init_forward_metadata_out_graph`` for the graph)."""
+    eager, sdpa, traced = (
+        TorchNativeAttnBackend(),
+        TorchNativeAttnBackend(use_decode_kernel=False),
+        TorchNativeAttnBackend(),
+    )
     eager.init_forward_metadata(forward_batch)
+    sdpa.init_forward_metadata(forward_batch)
     traced.init_forward_metadata_out_graph(forward_batch)
 
     def eager_pass() -> list[torch.Tensor]:
         return all_layers_step(eager, *qkv, layers, forward_batch)
 
+    def sdpa_pass() -> list[torch.Tensor]:
+        return all_layers_step(sdpa, *qkv, layers, forward_batch)
+
     def compiled_pass() -> list[torch.Tensor]:
         return compiled_step(traced, *qkv, layers, forward_batch)
 
-    return eager_pass, compiled_pass
+    return eager_pass, sdpa_pass, compiled_pass
 
 
 def all_layers_step(backend, q, k, v, layers, forward_batch) -> list[torch.Tensor]:
@@ -119,17 +130,17 @@ def all_layers_step(backend, q, k, v, layers, forward_batch) -> list[torch.Tenso
 
 def measure(
     layers, pool, batch: int, context: int, compiled_step, reps: int, warm: bool = False
-) -> tuple[int, float, float, float]:
+) -> tuple[int, float, list[float]]:
     """One row: a layer's K/V bytes, the read bandwidth (median of a sample before and one after the passes), and
-    the eager and the compiled pass's seconds per layer (alternating, the first round a warm-up where the graph
-    compiles; the caches flushed before each pass unless ``warm``)."""
+    the eager, the sdpa and the compiled pass's seconds per layer (alternating, the first round a warm-up where the
+    graph compiles; the caches flushed before each pass unless ``warm``)."""
     forward_batch = decode_batch(pool, batch, context)
     passes = attention_passes(layers, forward_batch, compiled_step, new_tokens(layers, forward_batch))
     flush = torch.zeros(0 if warm else FLUSH_BYTES, dtype=torch.uint8)
     bandwidth = read_bandwidth()
-    eager_s, compiled_s = alternating_seconds(passes, reps, before_each=None if warm else lambda: flush.add_(1))
+    seconds = alternating_seconds(passes, reps, before_each=None if warm else lambda: flush.add_(1))
     bandwidth = statistics.median([bandwidth, read_bandwidth()])
-    return kv_bytes(forward_batch), bandwidth, eager_s / len(layers), compiled_s / len(layers)
+    return kv_bytes(forward_batch), bandwidth, [s / len(layers) for s in seconds]
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -154,18 +165,18 @@ def main(argv: list[str] | None = None) -> None:
         for dtype_name in args.dtypes:
             caches = "warm caches" if args.warm else "K/V from memory"
             table = Table(title=f"{model_name} {dtype_name}: decode attention, us per layer (median; {caches})")
-            for column in ("batch x context", "K/V MB per layer", "GB/s", "floor", "eager", "compiled",
-                           "floor / eager", "floor / compiled"):  # fmt: skip
+            for column in ("batch x context", "K/V MB per layer", "GB/s", "floor", *PASSES,
+                           *(f"floor / {name}" for name in PASSES)):  # fmt: skip
                 table.add_column(column)
             pool = kv_pool(layers, DTYPES[dtype_name], max(args.batches) * (max(args.contexts) + 1))
             for batch in args.batches:
                 for context in args.contexts:
-                    layer_bytes, bandwidth, eager_s, compiled_s = measure(layers, pool, batch, context, compiled_step,
-                                                                          args.reps, args.warm)  # fmt: skip
-                    floor, eager_us, compiled_us = (1e6 * s for s in (layer_bytes / bandwidth, eager_s, compiled_s))
+                    layer_bytes, bandwidth, seconds = measure(layers, pool, batch, context, compiled_step,
+                                                              args.reps, args.warm)  # fmt: skip
+                    floor, times = 1e6 * layer_bytes / bandwidth, [1e6 * s for s in seconds]
                     table.add_row(f"{batch} x {context}", f"{layer_bytes / 1e6:.2f}", f"{bandwidth / 1e9:.0f}",
-                                  f"{floor:.1f}", f"{eager_us:.0f}", f"{compiled_us:.0f}", f"{floor / eager_us:.0%}",
-                                  f"{floor / compiled_us:.0%}")  # fmt: skip
+                                  f"{floor:.1f}", *(f"{us:.0f}" for us in times),
+                                  *(f"{floor / us:.0%}" for us in times))  # fmt: skip
             del pool
             console.print(table)
 

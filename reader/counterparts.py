@@ -267,6 +267,12 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "IntelAMXAttnBackend.forward_decode",
         "sglang/srt/layers/attention/intel_amx_backend.py",
     ),
+    # The C++ kernel's call, as IntelAMXAttnBackend.forward_decode calls sgl_kernel's decode_attention_cpu (which
+    # also writes the new K/V; minisgl's backend writes them first, set_kv_buffer).
+    "minisgl.layers.attention.cpu_decode.decode_attention_cpu": (
+        "IntelAMXAttnBackend.forward_decode",
+        "sglang/srt/layers/attention/intel_amx_backend.py",
+    ),
     # SGLang's CPU decode kernel splits each sequence too (8 KV splits, their partial outputs in attn_logits),
     # which its CPU-graph metadata allocates; minisgl's compiled decode wants positions in whole blocks instead.
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.init_forward_metadata_out_graph": (
@@ -632,6 +638,8 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.bench_utils": "SGLang's bench prints plain lines; rich progress, the summary table and whole-record appends are minisgl's",
     "minisgl.layers.attention.torch_native_backend.DecodeMetadata": "as ExtendMetadata",
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.decode_metadata": "as ExtendMetadata",
+    "minisgl.layers.attention.cpu_decode.decode_attention_op": "SGLang's sgl_kernel ships its CPU kernels prebuilt in a wheel; minisgl builds its one C++ decode kernel at first use (torch.utils.cpp_extension) and falls back to gather + SDPA where it cannot",
+    "minisgl.layers.attention.cpu_decode.uses_decode_kernel": "SGLang runs its CPU kernels when --attention-backend is intel_amx; minisgl runs its decode kernel for every eager CPU decode where it is built",
     "minisgl.layers.attention.tiled_prefill.prefers_tiles": "SGLang's CPU extend always runs its one C++ kernel; minisgl picks tiles or SDPA per extend, by CPU, dtype and size",
     "minisgl.layers.attention.tiled_prefill._causal_bias": "helper of causal_prefill_attention; SGLang's C++ extend kernel masks inside its loops",
     "minisgl.layers.attention.torch_native_backend.ExtendMetadata": "SGLang's torch-native backend keeps no metadata; its Triton/FlashInfer backends build kv_indptr/kv_indices in init_forward_metadata",

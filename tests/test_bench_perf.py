@@ -589,7 +589,7 @@ def test_decode_attention_layers_have_the_models_head_shapes(decode_attention, t
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_attention_passes_attend_over_each_requests_positions(decode_attention, dtype):
-    """Both timed passes (eager, compiled) return every layer's attention of each request over its own cached
+    """The timed passes (eager on the C++ kernel, sdpa, compiled) return every layer's attention of each request over its own cached
     positions plus the new token (a float64 reference), and write the new token's K/V; the floor counts exactly
     the K/V bytes that reference reads."""
     from tests.test_decode_attention import naive_decode_attention
@@ -606,7 +606,9 @@ def test_decode_attention_passes_attend_over_each_requests_positions(decode_atte
         assert sorted(s for request in slots for s in request) == list(range(1, batch * (context + 1) + 1))
         q, k, v = qkv = decode_attention.new_tokens(layers, forward_batch)
         assert q.shape == (batch, 6, 8) and k.shape == v.shape == (batch, 2, 8) and q.dtype == dtype
-        for attention_pass in decode_attention.attention_passes(layers, forward_batch, step, qkv):
+        passes = decode_attention.attention_passes(layers, forward_batch, step, qkv)
+        assert len(passes) == len(decode_attention.PASSES)
+        for attention_pass in passes:
             for buffers in (pool.k_buffer, pool.v_buffer):
                 for buffer in buffers:
                     buffer[forward_batch.out_cache_loc] = 0  # the pass must write the new token's K/V itself
@@ -628,6 +630,7 @@ def test_decode_attention_script_prints_the_floor_of_each_row(decode_attention, 
     monkeypatch.setattr(decode_attention, "model_paths", lambda names, scratch: dict.fromkeys(names, "unused"))
     monkeypatch.setattr(decode_attention, "attention_layers", lambda path: layers)
     monkeypatch.setattr(decode_attention, "read_bandwidth", lambda: 1e9)
+    monkeypatch.setenv("COLUMNS", "200")  # ten columns: a terminal's width, not rich's 80 for a pipe
     decode_attention.main(["--models", "dummy134", "--batches", "1", "2", "--contexts", "31", "--reps", "1"])
     out = capsys.readouterr().out
     assert "dummy134 float32: decode attention" in out
@@ -637,4 +640,4 @@ def test_decode_attention_script_prints_the_floor_of_each_row(decode_attention, 
         kv_bytes = 2 * batch * 32 * 2 * 64 * 4  # K and V, 32 positions, 2 KV heads of 64 float32 values
         assert float(cells[1]) == pytest.approx(kv_bytes / 1e6, abs=0.005)
         assert float(cells[3]) == pytest.approx(kv_bytes / 1e9 * 1e6, abs=0.05)
-        assert all(0 < int(cell.rstrip("%")) < 100 for cell in cells[6:8])
+        assert all(0 < int(cell.rstrip("%")) < 100 for cell in cells[7:10])

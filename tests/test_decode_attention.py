@@ -1,8 +1,9 @@
 """TorchNativeAttnBackend's decode paths against a naive attention computed request by request in float64.
 
-Eagerly, decode picks its path by dtype and head grouping (float32; 16-bit gathered head by head, and
-upcast to float32 when each KV head has one query head), drops the mask when no sequence is padded, and
-attends in cache-sized blocks of requests; traced by ``torch.compile`` it is ``fused_decode_attention``, with
+Eagerly on CPU, decode runs the C++ kernel (``cpu_decode.py``); without it (``kernel`` off: no compiler, or
+CUDA) it picks its path by dtype and head grouping (float32; 16-bit gathered head by head, and upcast to float32
+when each KV head has one query head), drops the mask when no sequence is padded, and attends in cache-sized
+blocks of requests; traced by ``torch.compile`` it is ``fused_decode_attention``, with
 the K/V write in the same graph, on the compiled forward's metadata (positions padded to whole blocks). Every
 combination must give the same attention, and the new token's K/V must land in the pool.
 """
@@ -14,7 +15,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+import minisgl.layers.attention.cpu_decode as cpu_decode
 import minisgl.layers.attention.torch_native_backend as backend_module
+from minisgl.layers.attention.cpu_decode import decode_attention_cpu
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
 from minisgl.model_executor.forward_batch_info import ForwardMode
@@ -35,14 +38,20 @@ def naive_decode_attention(q, k_buffer, v_buffer, slots_per_request, group, scal
     return torch.stack(outs)
 
 
+# (compiled, C++ kernel, request block bytes): the kernel; gather + SDPA on whole batches and on one-request blocks;
+# the traced kernel.
+PATHS = {"eager-kernel": (False, True, None), "eager-sdpa": (False, False, None),
+         "eager-sdpa-request-blocks": (False, False, 1), "torch-compile": (True, False, None)}  # fmt: skip
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("heads,kv_heads", [(4, 4), (6, 2)])
 @pytest.mark.parametrize(
     "seq_lens", [[5, 9, 1, 7], [6, 6, 6, 6], [17, 3, 24, 9]], ids=["ragged", "equal", "several-blocks"]
 )
-@pytest.mark.parametrize("block_bytes", [None, 1], ids=["whole-batch", "one-request-blocks"])
-@pytest.mark.parametrize("compiled", [False, True], ids=["eager", "torch-compile"])
-def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_bytes, compiled, monkeypatch):
+@pytest.mark.parametrize("path", list(PATHS))
+def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, path, monkeypatch):
+    compiled, kernel, block_bytes = PATHS[path]
     if block_bytes is not None:
         monkeypatch.setattr(backend_module, "_CACHE_BLOCK_BYTES", block_bytes)
     gen = torch.Generator().manual_seed(0)
@@ -69,10 +78,13 @@ def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_
         token_to_kv_pool=pool,
         out_cache_loc=torch.tensor([slots[-1] for slots in slots_per_request]),
     )
-    backend = backend_module.TorchNativeAttnBackend()
+    backend = backend_module.TorchNativeAttnBackend(use_decode_kernel=kernel)
     traced_calls = []
     fused = backend_module.fused_decode_attention
     monkeypatch.setattr(backend_module, "fused_decode_attention", lambda *args: traced_calls.append(1) or fused(*args))
+    kernel_calls = []
+    cpu_kernel = backend_module.decode_attention_cpu
+    monkeypatch.setattr(backend_module, "decode_attention_cpu", lambda *a: kernel_calls.append(1) or cpu_kernel(*a))
     layer = RadixAttention(heads, HEAD_DIM, HEAD_DIM**-0.5, kv_heads, layer_id=0)
     # as CPUGraphRunner.prepare_replay builds it for a compiled forward
     (backend.init_forward_metadata_out_graph if compiled else backend.init_forward_metadata)(forward_batch)
@@ -86,7 +98,7 @@ def test_decode_matches_naive_attention(dtype, heads, kv_heads, seq_lens, block_
     )
     assert out.dtype == dtype and out.shape == (batch, heads * HEAD_DIM)
     # Compiled, the traced kernel replaces every eager path; its K/V write must reach the pool itself.
-    assert bool(traced_calls) == compiled
+    assert bool(traced_calls) == compiled and bool(kernel_calls) == kernel
     slots = forward_batch.out_cache_loc
     assert torch.equal(pool.k_buffer[0][slots], k) and torch.equal(pool.v_buffer[0][slots], v)
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
@@ -119,3 +131,58 @@ def test_compiled_decode_metadata_pads_positions_to_whole_blocks(longest):
     for row, seq_len in enumerate(seq_lens):
         assert torch.equal(meta.kv_indices[row, :seq_len], req_to_token_pool.req_to_token[row + 1, :seq_len])
         assert not meta.kv_indices[row, seq_len:].any()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(
+    "heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 24), (2, 1, 20)], ids=["gqa-64", "mha-24", "gqa-20"]
+)
+@pytest.mark.parametrize("threads", [1, 2])
+def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_dim, threads):
+    """The C++ kernel alone: lengths that end inside a score tile and span several chunks of positions (so chunks
+    are combined, one request ends chunks before the longest), scattered slots, head dims with a remainder past
+    whole vectors (24 on AVX-512, 20 on AVX2), one and two threads (one chunk per thread's units, or several)."""
+    gen = torch.Generator().manual_seed(1)
+    seq_lens, num_slots = [1, 13, 300, 777], 1200
+    k_buffer, v_buffer = (torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype) for _ in range(2))
+    slots = (torch.randperm(num_slots - 1, generator=gen) + 1).int()
+    kv_indices = torch.zeros(len(seq_lens), max(seq_lens), dtype=torch.int32)
+    slots_per_request, start = [], 0
+    for row, seq_len in enumerate(seq_lens):
+        kv_indices[row, :seq_len] = slots[start : start + seq_len]
+        slots_per_request.append(slots[start : start + seq_len].long())
+        start += seq_len
+    q = torch.randn(len(seq_lens), heads, head_dim, generator=gen).to(dtype)
+    scale = head_dim**-0.5
+    previous = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        out = decode_attention_cpu(q, k_buffer, v_buffer, kv_indices, torch.tensor(seq_lens), scale)
+    finally:
+        torch.set_num_threads(previous)
+    expected = naive_decode_attention(q, k_buffer, v_buffer, slots_per_request, heads // kv_heads, scale)
+    assert out.dtype == dtype and out.shape == q.shape
+    tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
+    torch.testing.assert_close(out.double(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_cpu_decode_kernel_rejects_a_wrong_index_dtype():
+    """The kernel checks its inputs: int64 slot indices (the pool's table is int32) fail with a message."""
+    pool = torch.zeros(4, 1, 8)
+    with pytest.raises(RuntimeError, match="kv_indices: int32"):
+        decode_attention_cpu(
+            torch.zeros(1, 1, 8), pool, pool, torch.zeros(1, 2, dtype=torch.int64), torch.tensor([2]), 1.0
+        )
+
+
+def test_cpu_decode_kernel_build_failure_falls_back_to_sdpa(monkeypatch, capsys):
+    """Where the kernel cannot be built (here: the build raises, as without a compiler), one line on stderr says so
+    and the loader answers None, so eager decode stays on gather + SDPA."""
+
+    def failing_build(**kwargs):
+        raise RuntimeError("Error building extension 'minisgl_cpu_decode'\nlong compiler output")
+
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", failing_build)
+    assert cpu_decode.decode_attention_op.__wrapped__() is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "Error building extension 'minisgl_cpu_decode'" in err and "SDPA" in err

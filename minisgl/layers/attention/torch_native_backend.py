@@ -7,10 +7,11 @@ AMX, past one 128-token tile, such a request or batch attends in one ``causal_pr
 tiles of queries on oneDNN's batched matmul, in ``tiled_prefill.py``; bfloat16 always, float32 with grouped KV
 heads or for one request). Decode is batched: each request's K/V are gathered up to the longest sequence
 (padding masked), the query heads sharing a KV head ride along as extra query rows, and one SDPA call serves
-the batch (on CPU, a block of requests small enough for its K/V to stay in cache). Inside a ``torch.compile`` graph
-(``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain tensor ops that
-Inductor fuses, with the K/V write and the gathers, into the model's graph (its positions padded to whole
-blocks by ``init_forward_metadata_out_graph``).
+the batch (on CPU, a block of requests small enough for its K/V to stay in cache); on CPU, where its C++ kernel
+is built, one call of that kernel reads the pool in place instead (``cpu_decode.py``). Inside a
+``torch.compile`` graph (``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain
+tensor ops that Inductor fuses, with the K/V write and the gathers, into the model's graph (its positions
+padded to whole blocks by ``init_forward_metadata_out_graph``).
 
 SGLang's ``TorchNativeAttnBackend`` loops over requests in both modes; its Triton, FlashInfer and
 FlashAttention backends build ``kv_indptr``/``kv_indices`` (or page tables) from the same
@@ -27,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
+from minisgl.layers.attention.cpu_decode import decode_attention_cpu, uses_decode_kernel
 from minisgl.layers.attention.tiled_prefill import causal_prefill_attention, prefers_tiles
 
 if TYPE_CHECKING:
@@ -111,8 +113,11 @@ def fused_decode_attention(
 
 
 class TorchNativeAttnBackend(AttentionBackend):
-    def __init__(self):
+    def __init__(self, use_decode_kernel: bool = True):
         self.forward_metadata = None
+        # Eager CPU decode on the C++ kernel where it is built (cpu_decode.py); False keeps gather + SDPA, the
+        # path it replaces (bench/decode_attention.py times both).
+        self.use_decode_kernel = use_decode_kernel
         self._buffers: dict[tuple[str, torch.dtype], torch.Tensor] = {}
 
     def _workspace(self, name: str, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
@@ -271,6 +276,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             # A/B, ms/step: 15.5 -> 14.8 at 128 tokens, 18.8 -> 16.1 at 512, 31.0 -> 21.9 at 2048.
             out = fused_decode_attention(queries[:batch], *buffers, meta.kv_indices, meta.valid, layer.scaling)
             return F.pad(out.reshape(batch, -1), (0, 0, 0, q.shape[0] - batch))
+        if self.use_decode_kernel and uses_decode_kernel(q):  # the pool read in place by one C++ kernel
+            out = decode_attention_cpu(
+                q.reshape(batch, -1, head_dim), *buffers, meta.kv_indices, forward_batch.seq_lens, layer.scaling
+            )
+            return out.view(batch, -1)
         on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32
         # CPU SDPA's 16-bit kernel is fast for several query rows on contiguous [seq, head_dim] blocks (grouped
         # heads; SmolLM2 bf16 batch 32: 133 -> 100 ms/step) and slow for one query row, where float32 is faster,

@@ -1,0 +1,255 @@
+// Decode attention on CPU over the paged KV pool: one new query token per request against all its cached keys and
+// values, read in place through the request's row of KV slots. Built at first use by cpu_decode.py
+// (torch.utils.cpp_extension), vectorized with ATen's Vectorized<float> for the ISA TorchInductor picks.
+//
+// SGLang's counterpart is sgl-kernel's decode_attention_cpu (sgl-kernel/csrc/cpu/decode.cpp), which also writes
+// the new K/V, caps logits, and has AVX-512/AMX paths for bfloat16, fp8 and MLA.
+//
+// The work is split into (request, chunk of positions) units, so that one long request still keeps every thread
+// busy (flash-decoding's split): each unit computes its chunk's scores, its own max and exp-sum, and the weighted
+// sum of its V rows; a second pass rescales the chunks of each (request, head) to a common max and combines them.
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/functional.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <cmath>
+#include <memory>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+constexpr int64_t kVec = Vec::size();
+// Positions whose scores are reduced together: eight dot products end in one transpose-and-add instead of eight
+// horizontal sums.
+constexpr int64_t kTile = 8;
+// Accumulator vectors of the weighted V sum held in registers across a chunk's positions.
+constexpr int64_t kBlock = 8;
+
+inline float sum_lanes(const Vec& x) {
+  return at::vec::vec_reduce_all<float>([](Vec& a, Vec& b) { return a + b; }, x);
+}
+
+// The lane sums of kTile vectors, as one vector of kTile floats (where a vector has kTile lanes).
+inline void sum_lanes_of_tile(const Vec* acc, float* out) {
+#if defined(CPU_CAPABILITY_AVX2)
+  static_assert(kVec == kTile);
+  __m256 t0 = _mm256_hadd_ps(acc[0], acc[1]), t1 = _mm256_hadd_ps(acc[2], acc[3]);
+  __m256 t2 = _mm256_hadd_ps(acc[4], acc[5]), t3 = _mm256_hadd_ps(acc[6], acc[7]);
+  __m256 u0 = _mm256_hadd_ps(t0, t1), u1 = _mm256_hadd_ps(t2, t3);
+  _mm256_storeu_ps(out, _mm256_add_ps(_mm256_permute2f128_ps(u0, u1, 0x20), _mm256_permute2f128_ps(u0, u1, 0x31)));
+#else
+  for (int64_t i = 0; i < kTile; ++i) out[i] = sum_lanes(acc[i]);
+#endif
+}
+
+inline float dot(const float* __restrict a, const float* __restrict b, int64_t n) {
+  Vec acc(0.f);
+  int64_t d = 0;
+  for (; d + kVec <= n; d += kVec) acc = at::vec::fmadd(Vec::loadu(a + d), Vec::loadu(b + d), acc);
+  float sum = sum_lanes(acc);
+  for (; d < n; ++d) sum += a[d] * b[d];
+  return sum;
+}
+
+// Scores of one head's query against the chunk's keys (rows[p] + offset), into s[0, n).
+void head_scores(const float* __restrict q, const float* const* rows, int64_t offset, int64_t n, int64_t head_dim,
+                 float* __restrict s) {
+  const int64_t whole = head_dim / kVec * kVec;
+  int64_t p = 0;
+  for (; p + kTile <= n; p += kTile) {
+    Vec acc[kTile];
+    for (int64_t i = 0; i < kTile; ++i) acc[i] = Vec(0.f);
+    for (int64_t d = 0; d < whole; d += kVec) {
+      const Vec qv = Vec::loadu(q + d);
+      for (int64_t i = 0; i < kTile; ++i) acc[i] = at::vec::fmadd(qv, Vec::loadu(rows[p + i] + offset + d), acc[i]);
+    }
+    sum_lanes_of_tile(acc, s + p);
+    for (int64_t d = whole; d < head_dim; ++d)
+      for (int64_t i = 0; i < kTile; ++i) s[p + i] += q[d] * rows[p + i][offset + d];
+  }
+  for (; p < n; ++p) s[p] = dot(q, rows[p] + offset, head_dim);
+}
+
+// Softmax numerators in place (exp(s - max)); returns the max and the sum.
+std::pair<float, float> exp_and_sum(float* s, int64_t n) {
+  float max = -INFINITY;
+  for (int64_t p = 0; p < n; ++p) max = std::max(max, s[p]);
+  const Vec max_vec(max);
+  Vec sum_vec(0.f);
+  int64_t p = 0;
+  for (; p + kVec <= n; p += kVec) {
+    const Vec w = (Vec::loadu(s + p) - max_vec).exp_u20();
+    w.store(s + p);
+    sum_vec = sum_vec + w;
+  }
+  float sum = sum_lanes(sum_vec);
+  for (; p < n; ++p) sum += (s[p] = std::exp(s[p] - max));
+  return {max, sum};
+}
+
+// out[0, head_dim) = sum over p of w[p] * (rows[p] + offset).
+void weighted_values(const float* __restrict w, const float* const* rows, int64_t offset, int64_t n,
+                     int64_t head_dim, float* __restrict out) {
+  const int64_t whole = head_dim / kVec * kVec;
+  int64_t d0 = 0;
+  for (; d0 + kBlock * kVec <= whole; d0 += kBlock * kVec) {  // a fixed count, so the sums stay in registers
+    Vec acc[kBlock];
+    for (int64_t c = 0; c < kBlock; ++c) acc[c] = Vec(0.f);
+    for (int64_t p = 0; p < n; ++p) {
+      const Vec wp(w[p]);
+      const float* v = rows[p] + offset + d0;
+      for (int64_t c = 0; c < kBlock; ++c) acc[c] = at::vec::fmadd(wp, Vec::loadu(v + c * kVec), acc[c]);
+    }
+    for (int64_t c = 0; c < kBlock; ++c) acc[c].store(out + d0 + c * kVec);
+  }
+  for (; d0 < whole; d0 += kVec) {
+    Vec acc(0.f);
+    for (int64_t p = 0; p < n; ++p) acc = at::vec::fmadd(Vec(w[p]), Vec::loadu(rows[p] + offset + d0), acc);
+    acc.store(out + d0);
+  }
+  for (int64_t d = whole; d < head_dim; ++d) {
+    float acc = 0.f;
+    for (int64_t p = 0; p < n; ++p) acc += w[p] * rows[p][offset + d];
+    out[d] = acc;
+  }
+}
+
+template <typename T>
+std::unique_ptr<float[]> scratch(int64_t n) {
+  return std::unique_ptr<float[]>(new float[std::max<int64_t>(n, 1)]);  // uninitialized: written before read
+}
+
+template <typename T>
+void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+                             const at::Tensor& kv_indices, const at::Tensor& seq_lens, double scale, at::Tensor& out) {
+  const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2);
+  const int64_t kv_heads = k_buffer.size(1), groups = heads / kv_heads, slot_stride = k_buffer.stride(0);
+  const int64_t row_floats = kv_heads * head_dim, table_stride = kv_indices.stride(0);
+  const int32_t* table = kv_indices.data_ptr<int32_t>();
+  const int64_t* lens = seq_lens.data_ptr<int64_t>();
+  const T* keys_base = k_buffer.data_ptr<T>();
+  const T* values_base = v_buffer.data_ptr<T>();
+  const T* q_base = q.data_ptr<T>();
+  int64_t max_len = 0, total = 0;
+  for (int64_t b = 0; b < batch; ++b) max_len = std::max(max_len, lens[b]), total += lens[b];
+  // About four units per thread (a whole number of 16 positions, 32 to 256): enough to balance threads, few
+  // enough that each unit's rows are worth the combine.
+  const int64_t threads = at::get_num_threads();
+  const int64_t chunk = std::clamp<int64_t>((total + 4 * threads - 1) / (4 * threads) + 15 & ~int64_t{15}, 32, 256);
+  const int64_t chunks = std::max<int64_t>((max_len + chunk - 1) / chunk, 1);
+  // Per unit and head: the unnormalized output, then the chunk's max and exp-sum.
+  const int64_t part_stride = head_dim + 2;
+  auto parts = scratch<T>(batch * chunks * heads * part_stride);
+  float* part_base = parts.get();
+  constexpr bool kFloat = std::is_same_v<T, float>;
+  at::parallel_for(0, batch * chunks, 1, [&](int64_t begin, int64_t end) {
+    auto q_scaled = scratch<T>(heads * head_dim), scores = scratch<T>(heads * chunk);
+    auto converted = scratch<T>(kFloat ? 0 : 2 * chunk * row_floats);
+    auto rows = std::make_unique<const float*[]>(2 * chunk);
+    const float** key_rows = rows.get();
+    const float** value_rows = rows.get() + chunk;
+    for (int64_t unit = begin; unit < end; ++unit) {
+      const int64_t b = unit / chunks, start = unit % chunks * chunk, n = std::min(lens[b], start + chunk) - start;
+      float* part = part_base + unit * heads * part_stride;
+      if (n <= 0) {  // past this request's end: a chunk that adds nothing
+        for (int64_t h = 0; h < heads; ++h) {
+          part[h * part_stride + head_dim] = -INFINITY;
+          part[h * part_stride + head_dim + 1] = 0.f;
+        }
+        continue;
+      }
+      for (int64_t i = 0; i < heads * head_dim; ++i) {
+        q_scaled[i] = static_cast<float>(q_base[b * heads * head_dim + i]) * scale;
+      }
+      const int32_t* slots = table + b * table_stride + start;
+      for (int64_t p = 0; p < n; ++p) {
+        const T* key = keys_base + slots[p] * slot_stride;
+        const T* value = values_base + slots[p] * slot_stride;
+        if constexpr (kFloat) {
+          key_rows[p] = key, value_rows[p] = value;
+        } else {  // 16-bit rows widened once per chunk, not once per query head reading them
+          float* key_f = converted.get() + p * row_floats;
+          float* value_f = converted.get() + (chunk + p) * row_floats;
+          for (int64_t i = 0; i < row_floats; ++i) {
+            key_f[i] = static_cast<float>(key[i]);
+            value_f[i] = static_cast<float>(value[i]);
+          }
+          key_rows[p] = key_f, value_rows[p] = value_f;
+        }
+      }
+      for (int64_t h = 0; h < heads; ++h) {
+        float* s = scores.get() + h * chunk;
+        const int64_t offset = h / groups * head_dim;  // the KV head this query head shares
+        head_scores(q_scaled.get() + h * head_dim, key_rows, offset, n, head_dim, s);
+        const auto [max, sum] = exp_and_sum(s, n);
+        float* out_h = part + h * part_stride;
+        weighted_values(s, value_rows, offset, n, head_dim, out_h);
+        out_h[head_dim] = max, out_h[head_dim + 1] = sum;
+      }
+    }
+  });
+  T* out_base = out.data_ptr<T>();
+  auto combine = [&](int64_t begin, int64_t end) {
+    auto acc = scratch<T>(head_dim);
+    for (int64_t bh = begin; bh < end; ++bh) {
+      const int64_t b = bh / heads, h = bh % heads;
+      auto part = [&](int64_t c) { return part_base + ((b * chunks + c) * heads + h) * part_stride; };
+      float max = -INFINITY, sum = 0.f;
+      for (int64_t c = 0; c < chunks; ++c) max = std::max(max, part(c)[head_dim]);
+      std::fill(acc.get(), acc.get() + head_dim, 0.f);
+      for (int64_t c = 0; c < chunks; ++c) {
+        if (part(c)[head_dim + 1] == 0.f) continue;
+        const float factor = std::exp(part(c)[head_dim] - max);
+        sum += factor * part(c)[head_dim + 1];
+        for (int64_t d = 0; d < head_dim; ++d) acc[d] += factor * part(c)[d];
+      }
+      for (int64_t d = 0; d < head_dim; ++d) out_base[bh * head_dim + d] = static_cast<T>(acc[d] / sum);
+    }
+  };
+  if (chunks == 1 || batch * heads * chunks * head_dim < (1 << 15)) {
+    combine(0, batch * heads);  // small: a parallel region would cost more than it saves
+  } else {
+    at::parallel_for(0, batch * heads, 1, combine);
+  }
+}
+
+at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
+                            const at::Tensor& kv_indices, const at::Tensor& seq_lens, double scale) {
+  TORCH_CHECK(q.dim() == 3 && k_buffer.dim() == 3 && v_buffer.dim() == 3,
+              "q [batch, heads, head_dim], pools [slots, kv_heads, head_dim]");
+  TORCH_CHECK(q.scalar_type() == k_buffer.scalar_type() && q.scalar_type() == v_buffer.scalar_type(),
+              "q and the pools: one dtype");
+  TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "float32 or bfloat16");
+  TORCH_CHECK(k_buffer.is_contiguous() && v_buffer.is_contiguous() && k_buffer.sizes() == v_buffer.sizes(),
+              "contiguous pools of one shape");
+  TORCH_CHECK(q.size(2) == k_buffer.size(2) && q.size(1) % k_buffer.size(1) == 0, "head_dim and grouped heads");
+  TORCH_CHECK(kv_indices.scalar_type() == at::kInt && kv_indices.dim() == 2 && kv_indices.stride(1) == 1,
+              "kv_indices: int32 [batch, positions]");
+  TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous(), "seq_lens: int64");
+  TORCH_CHECK(kv_indices.size(0) == q.size(0) && seq_lens.numel() == q.size(0),
+              "one row of kv_indices and one seq_len per request");
+  const at::Tensor q_rows = q.contiguous();
+  at::Tensor out = at::empty(q_rows.sizes(), q_rows.options());
+  if (q.scalar_type() == at::kFloat) {
+    decode_attention_kernel<float>(q_rows, k_buffer, v_buffer, kv_indices, seq_lens, scale, out);
+  } else {
+    decode_attention_kernel<c10::BFloat16>(q_rows, k_buffer, v_buffer, kv_indices, seq_lens, scale, out);
+  }
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(minisgl_cpu, m) {
+  m.def(
+      "decode_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor kv_indices, Tensor seq_lens, float scale)"
+      " -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minisgl_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }
