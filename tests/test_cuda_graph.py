@@ -108,6 +108,7 @@ def test_graph_workspaces_are_the_captured_ones(tiny_llama, monkeypatch):
     """The largest graph is captured first, so no later capture or replay regrows (frees) a workspace that an
     earlier graph wrote to; an eager decode above the largest captured batch grows the model runner's, not these."""
     runner, _ = graph_runner(tiny_llama, monkeypatch, cuda_graph_max_bs=2)
+    runner.attn_backend.use_decode_kernel = False  # the eager decodes gather as on a GPU, not on the CPU kernel
     workspaces = runner.graph_runner.attn_backend._buffers
     captured = {name: buffer.data_ptr() for name, buffer in workspaces.items()}
     assert captured  # the captures gathered K/V through them

@@ -142,6 +142,7 @@ def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_
     """The C++ kernel alone: lengths that end inside a score tile and span several chunks of positions (so chunks
     are combined, one request ends chunks before the longest), scattered slots, head dims with a remainder past
     whole vectors (24 on AVX-512, 20 on AVX2), one and two threads (one chunk per thread's units, or several)."""
+    assert cpu_decode.decode_attention_op() is not None  # this machine has a compiler: the kernel builds
     gen = torch.Generator().manual_seed(1)
     seq_lens, num_slots = [1, 13, 300, 777], 1200
     k_buffer, v_buffer = (torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype) for _ in range(2))
@@ -169,6 +170,7 @@ def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_
 def test_cpu_decode_kernel_rejects_a_wrong_index_dtype():
     """The kernel checks its inputs: int64 slot indices (the pool's table is int32) fail with a message."""
     pool = torch.zeros(4, 1, 8)
+    assert cpu_decode.decode_attention_op() is not None
     with pytest.raises(RuntimeError, match="kv_indices: int32"):
         decode_attention_cpu(
             torch.zeros(1, 1, 8), pool, pool, torch.zeros(1, 2, dtype=torch.int64), torch.tensor([2]), 1.0

@@ -138,6 +138,7 @@ def _find(node, qname):
 def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     import torch
 
+    import minisgl.layers.attention.cpu_decode as cpu_decode
     import minisgl.layers.attention.tiled_prefill as tiled_prefill
     from minisgl.bench_one_batch import decode, extend
     from minisgl.managers.schedule_batch import Req
@@ -161,13 +162,17 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
             reqs.append(req)
         return reqs
 
-    # float32 and bfloat16: on CPU, decode gathers K/V in a different layout for 16-bit K/V, and a bfloat16
-    # extend of more than one query tile (2 tokens here) attends through causal_prefill_attention.
+    # float32 and bfloat16: a bfloat16 extend of more than one query tile (2 tokens here) attends through
+    # causal_prefill_attention.
     monkeypatch.setattr(tiled_prefill, "QUERY_TILE", 2)
     monkeypatch.setattr(
         tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.bfloat16, torch.float32})
     )  # regardless of this CPU's choice
     runners = [make_runner(tiny_llama, dtype=dtype) for dtype in (torch.float32, torch.bfloat16)]
+    # one whose eager decodes gather + SDPA, as where the C++ decode kernel is not built (and on CUDA); bfloat16,
+    # so grouped 16-bit K/V are gathered head by head
+    runners.append(make_runner(tiny_llama, dtype=torch.bfloat16))
+    runners[-1].attn_backend.use_decode_kernel = False
     # and one whose decodes go through DecodeCudaGraphRunner, its "graphs" replayed eagerly on CPU (as in
     # tests/test_cuda_graph.py), for the CUDA-graph edges of ModelRunner.forward
     monkeypatch.setattr(DecodeCudaGraphRunner, "_record", _eager_record)
@@ -188,6 +193,7 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
             executed.add((_fqn(f.f_code), callee))
 
     torch.manual_seed(0)
+    cpu_decode.decode_attention_op.cache_clear()  # loaded once per process, at load: load it again under the hook
     sys.setprofile(hook)
     try:
         for runner in runners:

@@ -72,5 +72,6 @@ def decode_attention_cpu(
 
     q ``[batch, heads, head_dim]``; k_buffer, v_buffer ``[slots, kv_heads, head_dim]`` (a layer's pool, heads
     sharing a KV head in groups); kv_indices int32 ``[batch, >= max(seq_lens)]``. Returns q's shape and dtype.
+    The op must be loaded: ``uses_decode_kernel`` (or ``decode_attention_op``) answered True first.
     """
-    return decode_attention_op()(q, k_buffer, v_buffer, kv_indices, seq_lens, scale)
+    return torch.ops.minisgl_cpu.decode_attention(q, k_buffer, v_buffer, kv_indices, seq_lens, scale)

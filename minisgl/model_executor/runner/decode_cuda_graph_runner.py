@@ -76,7 +76,9 @@ class DecodeCudaGraphRunner(BaseRunner):
         self.out_cache_loc = torch.zeros(max_bs, dtype=torch.int64, device=device)
         # An attention backend of the graphs' own: its gather workspaces are the ones recorded in the graphs, so
         # an eager decode (a batch above the largest captured) growing the model runner's cannot free them.
-        self.attn_backend = TorchNativeAttnBackend()
+        # Gather + SDPA, as on a GPU, also where tests replay the graphs' forwards on CPU: the captured metadata
+        # holds masks over static buffers, not the lengths the C++ CPU decode kernel reads.
+        self.attn_backend = TorchNativeAttnBackend(use_decode_kernel=False)
         # the model's rotary tables (shared by its layers): each capture makes them look up again (run_once)
         self.ropes = list({id(m): m for m in model_runner.model.modules() if isinstance(m, RotaryEmbedding)}.values())
         # (bs, seq_len) -> the captured graph's replay (its bound method keeps the graph alive)
