@@ -135,16 +135,21 @@ def test_compiled_decode_metadata_pads_positions_to_whole_blocks(longest):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize(
-    "heads,kv_heads,head_dim", [(9, 3, 64), (4, 4, 24), (2, 1, 20)], ids=["gqa-64", "mha-24", "gqa-20"]
+    "heads,kv_heads,head_dim",
+    [(9, 3, 64), (4, 4, 24), (2, 1, 20), (2, 2, 128)],
+    ids=["gqa-64", "mha-24", "gqa-20", "mha-128"],
 )
+@pytest.mark.parametrize("seq_lens", [[1, 13, 300, 777], [300] * 30], ids=["mixed", "many"])
 @pytest.mark.parametrize("threads", [1, 2])
-def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_dim, threads):
+def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_dim, seq_lens, threads):
     """The C++ kernel alone: lengths that end inside a score tile and span several chunks of positions (so chunks
-    are combined, one request ends chunks before the longest), scattered slots, head dims with a remainder past
-    whole vectors (24 on AVX-512, 20 on AVX2), one and two threads (one chunk per thread's units, or several)."""
+    are combined, one request ends chunks before the longest), or many requests of two chunks each (combined in
+    parallel at 9 heads of 64); scattered slots; head dims with a remainder past whole vectors (24 on AVX-512, 20
+    on AVX2) or of several register blocks (128 on AVX2); q a strided view, as the qkv projection's split leaves it;
+    one and two threads."""
     assert cpu_decode.decode_attention_op() is not None  # this machine has a compiler: the kernel builds
     gen = torch.Generator().manual_seed(1)
-    seq_lens, num_slots = [1, 13, 300, 777], 1200
+    num_slots = 9100
     k_buffer, v_buffer = (torch.randn(num_slots, kv_heads, head_dim, generator=gen).to(dtype) for _ in range(2))
     slots = (torch.randperm(num_slots - 1, generator=gen) + 1).int()
     kv_indices = torch.zeros(len(seq_lens), max(seq_lens), dtype=torch.int32)
@@ -153,7 +158,8 @@ def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_
         kv_indices[row, :seq_len] = slots[start : start + seq_len]
         slots_per_request.append(slots[start : start + seq_len].long())
         start += seq_len
-    q = torch.randn(len(seq_lens), heads, head_dim, generator=gen).to(dtype)
+    qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
+    q = qkv[:, : heads * head_dim].view(len(seq_lens), heads, head_dim)  # not contiguous
     scale = head_dim**-0.5
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -188,3 +194,30 @@ def test_cpu_decode_kernel_build_failure_falls_back_to_sdpa(monkeypatch, capsys)
     assert cpu_decode.decode_attention_op.__wrapped__() is None
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Error building extension 'minisgl_cpu_decode'" in err and "SDPA" in err
+    monkeypatch.setattr(cpu_decode, "decode_attention_op", lambda: None)  # as the cached loader then answers
+    assert not cpu_decode.uses_decode_kernel(torch.zeros(1, 8))
+
+
+def test_cpu_decode_kernel_without_a_compiler_falls_back(monkeypatch, capsys):
+    """Without a C++ compiler, Inductor's ISA probe itself raises (before any build): still one line and None."""
+    import torch._inductor.cpu_vec_isa as cpu_vec_isa
+
+    def no_compiler():
+        raise RuntimeError("Failed to find a working C++ compiler")
+
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", no_compiler)
+    assert cpu_decode.decode_attention_op.__wrapped__() is None
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "working C++ compiler" in err
+
+
+def test_cpu_decode_kernel_build_name_is_an_identifier(monkeypatch):
+    """An ISA whose name has spaces (AVX-512 VNNI: "avx512 avx512_vnni") still names a buildable extension: the
+    name becomes a -D macro and a ninja target."""
+    import torch._inductor.cpu_vec_isa as cpu_vec_isa
+
+    names = []
+    monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", cpu_vec_isa.VecAVX512VNNI)
+    monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda name, **kwargs: names.append(name))
+    cpu_decode.decode_attention_op.__wrapped__()
+    assert " " in str(cpu_vec_isa.VecAVX512VNNI()) and names[0].isidentifier()

@@ -14,7 +14,7 @@ import torch
 
 from minisgl.configs.model_config import ModelConfig
 from minisgl.distributed.parallel_state import init_distributed_environment
-from minisgl.layers.attention.cpu_decode import decode_attention_op
+from minisgl.layers.attention.cpu_decode import KERNEL_DTYPES, decode_attention_op
 from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
 from minisgl.layers.linear import prepack_linear_weights
 from minisgl.layers.logits_processor import LogitsProcessorOutput
@@ -64,7 +64,7 @@ class ModelRunner:
         self.load_model()
         self.init_memory_pool()
         self.attn_backend = TorchNativeAttnBackend()
-        if device.type == "cpu":
+        if device.type == "cpu" and self.model_config.dtype in KERNEL_DTYPES:
             decode_attention_op()  # the C++ decode kernel built or loaded now, not inside the first (timed) decode
         self.graph_runner: BaseRunner | None = self.init_decode_cuda_graph()
 

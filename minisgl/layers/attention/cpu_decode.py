@@ -11,8 +11,8 @@ vs 59.1, 32x256 121.6 vs 120.9. A compiled decode keeps
 within noise of it (SmolLM2 float32 1x512 15.9 vs 15.9 ms/step, 8x128 39.4 vs 38.3).
 
 The build (``torch.utils.cpp_extension`` with ninja, ~10 s, cached under ``~/.cache/torch_extensions`` until the
-source or torch changes) uses the vector ISA TorchInductor picks for this CPU. Where no C++ compiler works, one
-line says so and decode attention stays on gather + SDPA.
+source or torch changes) uses the vector ISA TorchInductor picks for this CPU (ATen's scalar ``Vectorized`` where
+it picks none). Where no C++ compiler works, one line says so and decode attention stays on gather + SDPA.
 
 SGLang's CPU backend (``intel_amx_backend.py``) calls sgl-kernel's prebuilt ``decode_attention_cpu`` likewise,
 which also writes the new K/V into the pool and has AMX paths.
@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import sys
 
 import torch
@@ -34,15 +35,16 @@ KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 @functools.cache
 def decode_attention_op():
     """``torch.ops.minisgl_cpu.decode_attention``, built and loaded once per process; None where it cannot be."""
-    from torch._inductor.cpu_vec_isa import pick_vec_isa
-    from torch.utils import cpp_extension
-
-    isa = pick_vec_isa()  # falsy where no vector ISA builds: ATen's scalar Vectorized then
-    flags = ["-O3", "-fopenmp", *(f"-D{macro}" for macro in isa.build_macro())] if isa else ["-O3", "-fopenmp"]
-    flags += isa.build_arch_flags().split() if isa else []
     try:
+        from torch._inductor.cpu_vec_isa import pick_vec_isa
+        from torch.utils import cpp_extension
+
+        isa = pick_vec_isa()  # probes the compiler; falsy where no vector ISA builds (ATen's scalar Vectorized then)
+        flags = ["-O3", "-fopenmp"]
+        if isa:
+            flags += [f"-D{macro}" for macro in isa.build_macro()] + isa.build_arch_flags().split()
         cpp_extension.load(
-            name=f"minisgl_cpu_decode_{isa or 'scalar'}",
+            name="minisgl_cpu_decode_" + re.sub(r"\W", "_", str(isa) if isa else "scalar"),  # "avx512 avx512_vnni"
             sources=[SOURCE],
             extra_cflags=flags,
             extra_ldflags=["-fopenmp"],
@@ -72,6 +74,6 @@ def decode_attention_cpu(
 
     q ``[batch, heads, head_dim]``; k_buffer, v_buffer ``[slots, kv_heads, head_dim]`` (a layer's pool, heads
     sharing a KV head in groups); kv_indices int32 ``[batch, >= max(seq_lens)]``. Returns q's shape and dtype.
-    The op must be loaded: ``uses_decode_kernel`` (or ``decode_attention_op``) answered True first.
+    The op must be loaded: ``uses_decode_kernel`` answered True (``decode_attention_op`` returned the op) first.
     """
     return torch.ops.minisgl_cpu.decode_attention(q, k_buffer, v_buffer, kv_indices, seq_lens, scale)

@@ -278,7 +278,11 @@ class TorchNativeAttnBackend(AttentionBackend):
             return F.pad(out.reshape(batch, -1), (0, 0, 0, q.shape[0] - batch))
         if self.use_decode_kernel and uses_decode_kernel(q):  # the pool read in place by one C++ kernel
             out = decode_attention_cpu(
-                q.reshape(batch, -1, head_dim), *buffers, meta.kv_indices, forward_batch.seq_lens, layer.scaling
+                q.view(batch, layer.tp_q_head_num, head_dim),
+                *buffers,
+                meta.kv_indices,
+                forward_batch.seq_lens,
+                layer.scaling,
             )
             return out.view(batch, -1)
         on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32

@@ -20,13 +20,14 @@
 #include <algorithm>
 #include <cmath>
 #include <memory>
+#include <vector>
 
 namespace {
 
 using Vec = at::vec::Vectorized<float>;
 constexpr int64_t kVec = Vec::size();
-// Positions whose scores are reduced together: eight dot products end in one transpose-and-add instead of eight
-// horizontal sums.
+// Positions whose scores are reduced together: on AVX2, eight dot products end in one transpose-and-add instead of
+// eight horizontal sums.
 constexpr int64_t kTile = 8;
 // Accumulator vectors of the weighted V sum held in registers across a chunk's positions.
 constexpr int64_t kBlock = 8;
@@ -140,30 +141,30 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
   for (int64_t b = 0; b < batch; ++b) max_len = std::max(max_len, lens[b]), total += lens[b];
   // About four units per thread (a whole number of 16 positions, 32 to 256): enough to balance threads, few
   // enough that each unit's rows are worth the combine.
+  TORCH_CHECK(kv_indices.size(1) >= max_len, "kv_indices: a column for every position of the longest request");
   const int64_t threads = at::get_num_threads();
-  const int64_t chunk = std::clamp<int64_t>((total + 4 * threads - 1) / (4 * threads) + 15 & ~int64_t{15}, 32, 256);
+  const int64_t chunk = std::clamp<int64_t>(((total + 4 * threads - 1) / (4 * threads) + 15) & ~int64_t{15}, 32, 256);
   const int64_t chunks = std::max<int64_t>((max_len + chunk - 1) / chunk, 1);
+  // Only chunks that hold positions become units, so threads, each given a run of units, get similar work.
+  std::vector<int64_t> units;  // b * chunks + c
+  for (int64_t b = 0; b < batch; ++b) {
+    for (int64_t c = 0; c * chunk < lens[b]; ++c) units.push_back(b * chunks + c);
+  }
   // Per unit and head: the unnormalized output, then the chunk's max and exp-sum.
   const int64_t part_stride = head_dim + 2;
   auto parts = scratch<T>(batch * chunks * heads * part_stride);
   float* part_base = parts.get();
   constexpr bool kFloat = std::is_same_v<T, float>;
-  at::parallel_for(0, batch * chunks, 1, [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t begin, int64_t end) {
     auto q_scaled = scratch<T>(heads * head_dim), scores = scratch<T>(heads * chunk);
     auto converted = scratch<T>(kFloat ? 0 : 2 * chunk * row_floats);
     auto rows = std::make_unique<const float*[]>(2 * chunk);
     const float** key_rows = rows.get();
     const float** value_rows = rows.get() + chunk;
-    for (int64_t unit = begin; unit < end; ++unit) {
-      const int64_t b = unit / chunks, start = unit % chunks * chunk, n = std::min(lens[b], start + chunk) - start;
+    for (int64_t u = begin; u < end; ++u) {
+      const int64_t unit = units[u], b = unit / chunks, start = unit % chunks * chunk;
+      const int64_t n = std::min(lens[b], start + chunk) - start;
       float* part = part_base + unit * heads * part_stride;
-      if (n <= 0) {  // past this request's end: a chunk that adds nothing
-        for (int64_t h = 0; h < heads; ++h) {
-          part[h * part_stride + head_dim] = -INFINITY;
-          part[h * part_stride + head_dim + 1] = 0.f;
-        }
-        continue;
-      }
       for (int64_t i = 0; i < heads * head_dim; ++i) {
         q_scaled[i] = static_cast<float>(q_base[b * heads * head_dim + i]) * scale;
       }
@@ -200,19 +201,20 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
       auto part = [&](int64_t c) { return part_base + ((b * chunks + c) * heads + h) * part_stride; };
+      const int64_t request_chunks = (lens[b] + chunk - 1) / chunk;  // the units this request had
       float max = -INFINITY, sum = 0.f;
-      for (int64_t c = 0; c < chunks; ++c) max = std::max(max, part(c)[head_dim]);
+      for (int64_t c = 0; c < request_chunks; ++c) max = std::max(max, part(c)[head_dim]);
       std::fill(acc.get(), acc.get() + head_dim, 0.f);
-      for (int64_t c = 0; c < chunks; ++c) {
-        if (part(c)[head_dim + 1] == 0.f) continue;
+      for (int64_t c = 0; c < request_chunks; ++c) {
         const float factor = std::exp(part(c)[head_dim] - max);
         sum += factor * part(c)[head_dim + 1];
         for (int64_t d = 0; d < head_dim; ++d) acc[d] += factor * part(c)[d];
       }
-      for (int64_t d = 0; d < head_dim; ++d) out_base[bh * head_dim + d] = static_cast<T>(acc[d] / sum);
+      const float inverse = sum > 0.f ? 1.f / sum : 0.f;  // a request with no positions attends to nothing: zeros
+      for (int64_t d = 0; d < head_dim; ++d) out_base[bh * head_dim + d] = static_cast<T>(acc[d] * inverse);
     }
   };
-  if (chunks == 1 || batch * heads * chunks * head_dim < (1 << 15)) {
+  if (batch * heads * chunks * head_dim < (1 << 15)) {
     combine(0, batch * heads);  // small: a parallel region would cost more than it saves
   } else {
     at::parallel_for(0, batch * heads, 1, combine);
@@ -228,7 +230,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, con
   TORCH_CHECK(q.scalar_type() == at::kFloat || q.scalar_type() == at::kBFloat16, "float32 or bfloat16");
   TORCH_CHECK(k_buffer.is_contiguous() && v_buffer.is_contiguous() && k_buffer.sizes() == v_buffer.sizes(),
               "contiguous pools of one shape");
-  TORCH_CHECK(q.size(2) == k_buffer.size(2) && q.size(1) % k_buffer.size(1) == 0, "head_dim and grouped heads");
+  TORCH_CHECK(k_buffer.size(1) > 0 && q.size(2) == k_buffer.size(2) && q.size(1) % k_buffer.size(1) == 0,
+              "head_dim and grouped heads");
   TORCH_CHECK(kv_indices.scalar_type() == at::kInt && kv_indices.dim() == 2 && kv_indices.stride(1) == 1,
               "kv_indices: int32 [batch, positions]");
   TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous(), "seq_lens: int64");
