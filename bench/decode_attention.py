@@ -157,7 +157,7 @@ def main(argv: list[str] | None = None) -> None:
     set_torch_compile_config()
     # One graph for every shape here (the batch and the positions are symbolic), as the general decode graph.
     compiled_step = torch.compile(all_layers_step, dynamic=True)
-    console = Console()
+    console = Console(width=160)  # ten columns, unwrapped also when piped to a file (rich's 80 there)
     with tempfile.TemporaryDirectory(prefix="minisgl-attention-") as scratch:  # the random models' configs
         paths = model_paths(args.models, scratch)
         layers_of = {model_name: attention_layers(paths[model_name]) for model_name in args.models}

@@ -630,7 +630,6 @@ def test_decode_attention_script_prints_the_floor_of_each_row(decode_attention, 
     monkeypatch.setattr(decode_attention, "model_paths", lambda names, scratch: dict.fromkeys(names, "unused"))
     monkeypatch.setattr(decode_attention, "attention_layers", lambda path: layers)
     monkeypatch.setattr(decode_attention, "read_bandwidth", lambda: 1e9)
-    monkeypatch.setenv("COLUMNS", "200")  # ten columns: a terminal's width, not rich's 80 for a pipe
     decode_attention.main(["--models", "dummy134", "--batches", "1", "2", "--contexts", "31", "--reps", "1"])
     out = capsys.readouterr().out
     assert "dummy134 float32: decode attention" in out
