@@ -121,8 +121,7 @@ void weighted_values(const float* __restrict w, const float* const* rows, int64_
   }
 }
 
-template <typename T>
-std::unique_ptr<float[]> scratch(int64_t n) {
+inline std::unique_ptr<float[]> scratch(int64_t n) {
   return std::unique_ptr<float[]>(new float[std::max<int64_t>(n, 1)]);  // uninitialized: written before read
 }
 
@@ -139,9 +138,9 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
   const T* q_base = q.data_ptr<T>();
   int64_t max_len = 0, total = 0;
   for (int64_t b = 0; b < batch; ++b) max_len = std::max(max_len, lens[b]), total += lens[b];
+  TORCH_CHECK(kv_indices.size(1) >= max_len, "kv_indices: a column for every position of the longest request");
   // About four units per thread (a whole number of 16 positions, 32 to 256): enough to balance threads, few
   // enough that each unit's rows are worth the combine.
-  TORCH_CHECK(kv_indices.size(1) >= max_len, "kv_indices: a column for every position of the longest request");
   const int64_t threads = at::get_num_threads();
   const int64_t chunk = std::clamp<int64_t>(((total + 4 * threads - 1) / (4 * threads) + 15) & ~int64_t{15}, 32, 256);
   const int64_t chunks = std::max<int64_t>((max_len + chunk - 1) / chunk, 1);
@@ -152,12 +151,12 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
   }
   // Per unit and head: the unnormalized output, then the chunk's max and exp-sum.
   const int64_t part_stride = head_dim + 2;
-  auto parts = scratch<T>(batch * chunks * heads * part_stride);
+  auto parts = scratch(batch * chunks * heads * part_stride);
   float* part_base = parts.get();
   constexpr bool kFloat = std::is_same_v<T, float>;
   at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t begin, int64_t end) {
-    auto q_scaled = scratch<T>(heads * head_dim), scores = scratch<T>(heads * chunk);
-    auto converted = scratch<T>(kFloat ? 0 : 2 * chunk * row_floats);
+    auto q_scaled = scratch(heads * head_dim), scores = scratch(heads * chunk);
+    auto converted = scratch(kFloat ? 0 : 2 * chunk * row_floats);
     auto rows = std::make_unique<const float*[]>(2 * chunk);
     const float** key_rows = rows.get();
     const float** value_rows = rows.get() + chunk;
@@ -197,7 +196,7 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
   });
   T* out_base = out.data_ptr<T>();
   auto combine = [&](int64_t begin, int64_t end) {
-    auto acc = scratch<T>(head_dim);
+    auto acc = scratch(head_dim);
     for (int64_t bh = begin; bh < end; ++bh) {
       const int64_t b = bh / heads, h = bh % heads;
       auto part = [&](int64_t c) { return part_base + ((b * chunks + c) * heads + h) * part_stride; };
