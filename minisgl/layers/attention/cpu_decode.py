@@ -6,13 +6,13 @@ splits long requests into chunks of positions across threads and combines them (
 A/B of one eager engine, gather + SDPA against the kernel, float32, ms/step (median of 7): dummy134 8x128 41.9 ->
 36.6, 1x512 27.7 -> 23.3; SmolLM2 8x128 58.6 -> 52.1, 1x128 39.3 -> 35.7; bfloat16, dummy134 8x128 46.0 -> 37.6,
 1x512 22.3 -> 18.9; SmolLM2 (grouped heads, where SDPA's 16-bit kernel gets several query rows) even, 8x128 58.2
-vs 59.1, 32x256 121.6 vs 120.9. A compiled decode keeps
-``fused_decode_attention`` (Inductor's, traced into the step's graph): the kernel called from the graph measured
-within noise of it (SmolLM2 float32 1x512 15.9 vs 15.9 ms/step, 8x128 39.4 vs 38.3).
+vs 59.1, 32x256 121.6 vs 120.9. A compiled decode keeps ``fused_decode_attention`` (Inductor's, traced into the
+step's graph): the kernel called from the graph measured within noise of it (SmolLM2 float32 1x512 15.9 vs 15.9
+ms/step, 8x128 39.4 vs 38.3).
 
 The build (``torch.utils.cpp_extension`` with ninja, ~10 s, cached under ``~/.cache/torch_extensions`` until the
 source or torch changes) uses the vector ISA TorchInductor picks for this CPU (ATen's scalar ``Vectorized`` where
-it picks none). Where no C++ compiler works, one line says so and decode attention stays on gather + SDPA.
+it picks none). Where no C++ compiler works, one line on stderr says so and decode attention stays on gather + SDPA.
 
 SGLang's CPU backend (``intel_amx_backend.py``) calls sgl-kernel's prebuilt ``decode_attention_cpu`` likewise,
 which also writes the new K/V into the pool and has AMX paths.
@@ -28,7 +28,7 @@ import sys
 import torch
 
 SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "decode.cpp")
-# The dtypes whose eager decode runs the kernel: measured faster than gather + SDPA (above).
+# The dtypes whose eager decode runs the kernel: measured faster than gather + SDPA, or even (above).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
