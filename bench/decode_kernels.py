@@ -6,14 +6,14 @@
 A decode step's linears read every weight once, so their time is the kernel's read rate. For each dtype and row
 count this times the candidate kernels over random weights of the model's own linear shapes (qkv and gate_up
 fused, as minisgl loads them) and its LM head, alternating kernels between repetitions: oneDNN's packed kernel
-(``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), MKL over column-blocked
-copies (``keep_gemv_copy``; timed in bfloat16 too, where no probe offers it), ``F.linear`` on the plain ``[out, in]``
+(``prepack_weight``), the same with the rows padded to four (``min_packed_rows``), minisgl's C++ kernel over
+column-blocked copies (``keep_blocked_copy``, where the kernels are built), ``F.linear`` on the plain ``[out, in]``
 weight (what HF transformers runs) and, for bfloat16 on a CPU without bfloat16 arithmetic, oneDNN over float32
 copies (``keep_float32_copy``). The table shows median GB/s (weight bytes / time) and marks the kernel the
 eager engine's ``apply_linear`` runs after this process's probes (a compiled graph's linears are Inductor's
 choice). The last column is that kernel's rate over the fastest one's; below 1, a faster kernel exists at these
-shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs only and the blocked copies for
-float32 only, and five repetitions on a shared VM carry noise.
+shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs only, the blocked copies on 1 and
+8 rows together, and five repetitions on a shared VM carry noise.
 """
 
 from __future__ import annotations
@@ -29,18 +29,21 @@ from rich.console import Console
 from rich.table import Table
 
 from minisgl.layers.amx_utils import (
+    BLOCKED_MAX_ROWS,
     alternating_seconds,
     apply_linear,
-    blocked_gemv,
-    column_blocked,
+    block_weight,
+    blocked_copies,
+    blocked_linear,
+    blocked_linear_is_faster,
     min_packed_rows,
-    mkl_gemv_is_faster,
     multiplies_in_float32,
     prepack_weight,
 )
+from minisgl.layers.cpu_kernels import cpu_kernels_built
 
 PACKED, PADDED, BLOCKED, PLAIN, FLOAT32 = KERNELS = (
-    "oneDNN packed", "oneDNN padded to 4", "MKL, blocked copy", "F.linear (HF)", "float32 copy",
+    "oneDNN packed", "oneDNN padded to 4", "C++, blocked copy", "F.linear (HF)", "float32 copy",
 )  # fmt: skip
 Kernel = Callable[[list[torch.Tensor]], list[torch.Tensor]]  # one input per weight -> outputs
 
@@ -52,10 +55,11 @@ def linear_shapes(model_path: str) -> list[tuple[int, int]]:
 
 def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
     """Each kernel, as a pass over all of ``plain``'s weights (one input of any row count per weight); the oneDNN
-    ones only where oneDNN packs this dtype."""
-    blocked = [column_blocked(w) for w in plain]
-    kernels = {BLOCKED: lambda xs: [blocked_gemv(x, b, len(w)) for x, b, w in zip(xs, blocked, plain)],
-               PLAIN: lambda xs: [F.linear(x, w) for x, w in zip(xs, plain)]}  # fmt: skip
+    ones only where oneDNN packs this dtype, the C++ one only where it is built."""
+    kernels = {PLAIN: lambda xs: [F.linear(x, w) for x, w in zip(xs, plain)]}
+    if cpu_kernels_built():
+        blocked = [block_weight(w) for w in plain]
+        kernels[BLOCKED] = lambda xs: [blocked_linear(x, b, None, len(w)) for x, b, w in zip(xs, blocked, plain)]
     if multiplies_in_float32(plain[0]):
         copies = [prepack_weight(w.float()) for w in plain]
         kernels[FLOAT32] = lambda xs: [apply_linear(x.float(), c).to(x.dtype) for x, c in zip(xs, copies)]
@@ -75,10 +79,10 @@ def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
 
 def picked_kernel(dtype: torch.dtype, rows: int, kernels: dict[str, Kernel]) -> str:
     """The kernel ``apply_linear`` runs for ``rows`` rows of this dtype after this process's probes."""
+    if rows <= BLOCKED_MAX_ROWS and BLOCKED in kernels and blocked_linear_is_faster(dtype):
+        return BLOCKED
     if PACKED not in kernels:
         return FLOAT32 if rows > 1 and FLOAT32 in kernels else PLAIN
-    if rows == 1 and dtype == torch.float32 and mkl_gemv_is_faster():
-        return BLOCKED
     return PADDED if rows < min_packed_rows() else PACKED
 
 
@@ -97,11 +101,11 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     if min(args.rows) < 1 or args.reps < 1:
         parser.error("--rows and --reps: 1 or more")
-    console = Console()
+    console = Console(width=160)  # piped to a file, rich would wrap every cell at 80 columns
     padding = "to 4 rows" if min_packed_rows() == 4 else "none"
-    copies = "yes" if mkl_gemv_is_faster() else "no"
-    console.print(f"the probes here: oneDNN's 1-3 row inputs padded: {padding}; column-blocked copies for float32 single rows: "
-                  f"{copies}")  # fmt: skip
+    copies = ", ".join(f"{name} {'yes' if kept else 'no'}" for name, kept in blocked_copies().items())
+    console.print(f"the probes here: oneDNN's 1-3 row inputs padded: {padding}; column-blocked copies for the C++ kernel "
+                  f"(1-{BLOCKED_MAX_ROWS} rows): {copies}")  # fmt: skip
     # the weights' bytes in the row's dtype: the float32 copies read twice the bfloat16 bytes they are credited with
     table = Table(title="decode linears, GB/s of the dtype's weight bytes (median); * = the kernel apply_linear runs")
     offered = {name for d in args.dtypes for name in kernel_variants([torch.zeros(1, 1, dtype=DTYPES[d])])}

@@ -28,9 +28,9 @@ from transformers import AutoModelForCausalLM, LlamaConfig, LogitsProcessor, Log
 from minisgl.bench_one_batch import latency_test_run_once, load_model, prepare_synthetic_inputs_for_latency_test  # noqa: E402
 from minisgl.layers.amx_utils import (  # noqa: E402
     apply_linear,
+    blocked_copies,
     min_packed_rows,
     mkl_gemm_is_faster,
-    mkl_gemv_is_faster,
 )
 from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear  # noqa: E402
 from minisgl.layers.radix_attention import RadixAttention  # noqa: E402
@@ -270,7 +270,7 @@ class Engine:
     def probes(self) -> dict:
         """The kernel choices this process's probes made at load: an engine's own, which a VM's phase can tip
         the other way from the parent's (``machine_info``) where a probe's margin is near its 10%."""
-        return {"padded_rows": min_packed_rows(), "mkl_gemv_copies": mkl_gemv_is_faster(),
+        return {"padded_rows": min_packed_rows(), "blocked_copies": blocked_copies(),
                 "mkl_gemm_copies": mkl_gemm_is_faster()}  # fmt: skip
 
     def unload(self) -> None:

@@ -66,10 +66,10 @@ from minisgl.bench_utils import OneLineErrorParser
 from minisgl.layers.amx_utils import (
     MKL_GEMM_MIN_ROWS,
     apply_linear,
+    blocked_copies,
     keep_float32_copy,
     min_packed_rows,
     mkl_gemm_is_faster,
-    mkl_gemv_is_faster,
     multiplies_in_float32,
     prepack_weight,
 )
@@ -174,7 +174,7 @@ def machine_info(device: torch.device = CPU) -> dict:
         "avx512_bf16": torch.cpu._is_avx512_bf16_supported(),
         # the start-up probes' kernel choices (minisgl.layers.linear), made here; each engine process makes its own
         "padded_rows": min_packed_rows(),
-        "mkl_gemv_copies": mkl_gemv_is_faster(),
+        "blocked_copies": blocked_copies(),
         "mkl_gemm_copies": mkl_gemm_is_faster(),
         "mkl_gemm_min_rows": MKL_GEMM_MIN_ROWS,
         # batched bfloat16 rows multiply float32 copies (a CPU without bfloat16 arithmetic)

@@ -204,6 +204,17 @@ def _commit(data: dict) -> str:
     return f"The minisgl commit measured: `{commit.removesuffix('+changes')}`{changes}. "
 
 
+def _blocked_copies(machine: dict) -> str:
+    """The probe's answer on the decode linears' column-blocked copies: the C++ kernel's, per dtype, or (results
+    written before it) MKL's single-row GEMV's, in float32."""
+    if "blocked_copies" in machine:
+        answers = ", ".join(f"{dtype} {'yes' if kept else 'no'}" for dtype, kept in machine["blocked_copies"].items())
+        return f"column-blocked copies for minisgl's C++ kernel at decode's few rows: {answers}"
+    return (
+        f"column-blocked copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}"
+    )
+
+
 def _machine(machine: dict | None, rows: list[dict] = ()) -> str:
     """The CPU the results were measured on (results written before perf.py recorded it have none)."""
     if not machine:
@@ -217,8 +228,7 @@ def _machine(machine: dict | None, rows: list[dict] = ()) -> str:
         probes = (
             " The start-up probes in the benchmark's own process chose (each engine process probes again at "
             "load, and where a probe's answer lies near its 10% margin it may choose otherwise): 1-3 decode rows "
-            f"{padding} for oneDNN; column-blocked "
-            f"copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}."
+            f"{padding} for oneDNN; {_blocked_copies(machine)}."
         )
     if "mkl_gemm_copies" in machine:  # recorded since the GEMM copies exist
         probes += (

@@ -353,7 +353,9 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     # the engine process's own probe answers (which noise may tip apart from this process's: only their kinds here)
     (probes,) = row["probes"].values()
     assert list(row["probes"]) == ["minisgl"] and probes["padded_rows"] in (1, 4)
-    assert {type(probes[key]) for key in ("mkl_gemv_copies", "mkl_gemm_copies")} == {bool}
+    assert type(probes["mkl_gemm_copies"]) is bool
+    assert {type(kept) for kept in probes["blocked_copies"].values()} == {bool}
+    assert list(probes["blocked_copies"]) == ["float32", "bfloat16"]
     assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "tmp"]
 
 
@@ -498,39 +500,43 @@ def test_decode_kernel_variants_all_compute_the_linear(decode_kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("gemv_copies", [False, True])
+@pytest.mark.parametrize("blocked_copies", [False, True])
 @pytest.mark.parametrize("padded_rows", [1, 4])
 def test_decode_kernels_marks_the_kernel_apply_linear_runs(
-    decode_kernels, monkeypatch, dtype, gemv_copies, padded_rows
+    decode_kernels, monkeypatch, dtype, blocked_copies, padded_rows
 ):
-    """The kernel the table marks is the one apply_linear calls, seen from the oneDNN call it makes (none: the
-    blocked copy, or F.linear where oneDNN does not pack the dtype), the rows it passes (four: padded) and their
-    dtype (float32 for bfloat16: the float32 copies), for each answer of the two probes."""
+    """The kernel the table marks is the one apply_linear calls, seen from the calls it makes: the C++ kernel's
+    (the blocked copy), else oneDNN's (none: F.linear, where oneDNN does not pack the dtype) with the rows it passes
+    (four: padded) and their dtype (float32 for bfloat16: the float32 copies), for each answer of the two probes
+    and row counts on both sides of BLOCKED_MAX_ROWS."""
     from minisgl.layers import amx_utils
 
     monkeypatch.setattr(amx_utils, "min_packed_rows", lambda: padded_rows)
-    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: gemv_copies)
+    monkeypatch.setattr(amx_utils, "blocked_linear_is_faster", lambda dtype: blocked_copies)
     monkeypatch.setattr(decode_kernels, "min_packed_rows", lambda: padded_rows)
-    monkeypatch.setattr(decode_kernels, "mkl_gemv_is_faster", lambda: gemv_copies)
+    monkeypatch.setattr(decode_kernels, "blocked_linear_is_faster", lambda dtype: blocked_copies)
     weight = torch.randn(48, 40).to(dtype)
     packed = amx_utils.prepack_weight(weight)
     kernels = decode_kernels.kernel_variants([weight])
-    amx_utils.keep_gemv_copy(packed, weight)
+    amx_utils.keep_blocked_copy(packed, weight)
     amx_utils.keep_float32_copy(packed)
-    onednn_calls = []
-    real = torch.ops.mkldnn._linear_pointwise
-    spy = lambda x, *a: onednn_calls.append((len(x), x.dtype)) or real(x, *a)  # noqa: E731
+    calls = []
+    real_onednn, real_blocked = torch.ops.mkldnn._linear_pointwise, amx_utils.blocked_linear
+    spy = lambda x, *a: calls.append((len(x), x.dtype)) or real_onednn(x, *a)  # noqa: E731
     monkeypatch.setattr(torch.ops.mkldnn, "_linear_pointwise", spy)
-    for rows in (1, 2, 4, 8):
-        onednn_calls.clear()
+    monkeypatch.setattr(amx_utils, "blocked_linear", lambda *a: calls.append("blocked") or real_blocked(*a))
+    for rows in (1, 2, 4, 8, amx_utils.BLOCKED_MAX_ROWS + 1):
+        calls.clear()
         amx_utils.apply_linear(torch.randn(rows, 40).to(dtype), packed)
-        if not onednn_calls:
-            ran = decode_kernels.BLOCKED if packed.is_mkldnn else decode_kernels.PLAIN
-        elif onednn_calls[0][1] != dtype:
+        if calls == ["blocked"]:
+            ran = decode_kernels.BLOCKED
+        elif not calls:
+            ran = decode_kernels.PLAIN
+        elif calls[0][1] != dtype:
             ran = decode_kernels.FLOAT32
         else:
-            ran = decode_kernels.PACKED if onednn_calls == [(rows, dtype)] else decode_kernels.PADDED
-        assert decode_kernels.picked_kernel(dtype, rows, kernels) == ran, (rows, onednn_calls)
+            ran = decode_kernels.PACKED if calls == [(rows, dtype)] else decode_kernels.PADDED
+        assert decode_kernels.picked_kernel(dtype, rows, kernels) == ran, (rows, calls)
 
 
 def test_decode_kernels_script_prints_a_row_per_dtype_and_rows(decode_kernels, capsys):

@@ -17,6 +17,8 @@ import torch
 
 import minisgl.layers.attention.cpu_decode as cpu_decode
 import minisgl.layers.attention.torch_native_backend as backend_module
+import minisgl.layers.cpu_kernels as cpu_kernels
+from minisgl.layers import amx_utils
 from minisgl.layers.attention.cpu_decode import decode_attention_cpu
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.mem_cache.memory_pool import MHATokenToKVPool, ReqToTokenPool
@@ -184,18 +186,21 @@ def test_cpu_decode_kernel_rejects_a_wrong_index_dtype():
 
 
 def test_cpu_decode_kernel_build_failure_falls_back_to_sdpa(monkeypatch, capsys):
-    """Where the kernel cannot be built (here: the build raises, as without a compiler), one line on stderr says so
-    and the loader answers None, so eager decode stays on gather + SDPA."""
+    """Where the kernels cannot be built (here: the build raises, as without a compiler), one line on stderr says so
+    and the loader answers False, so eager decode stays on gather + SDPA (and the linears on aten's kernels: no
+    blocked copies are kept)."""
 
     def failing_build(**kwargs):
-        raise RuntimeError("Error building extension 'minisgl_cpu_decode'\nlong compiler output")
+        raise RuntimeError("Error building extension 'minisgl_cpu_avx2'\nlong compiler output")
 
     monkeypatch.setattr(torch.utils.cpp_extension, "load", failing_build)
-    assert cpu_decode.decode_attention_op.__wrapped__() is None
+    assert cpu_kernels.cpu_kernels_built.__wrapped__() is False
     err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "Error building extension 'minisgl_cpu_decode'" in err and "SDPA" in err
-    monkeypatch.setattr(cpu_decode, "decode_attention_op", lambda: None)  # as the cached loader then answers
-    assert not cpu_decode.uses_decode_kernel(torch.zeros(1, 8))
+    assert err.count("\n") == 1 and "Error building extension 'minisgl_cpu_avx2'" in err and "SDPA" in err
+    monkeypatch.setattr(cpu_decode, "cpu_kernels_built", lambda: False)  # as the cached loader then answers
+    monkeypatch.setattr(amx_utils, "cpu_kernels_built", lambda: False)
+    assert cpu_decode.decode_attention_op() is None and not cpu_decode.uses_decode_kernel(torch.zeros(1, 8))
+    assert not amx_utils.blocked_linear_is_faster.__wrapped__(torch.float32)
 
 
 def test_cpu_decode_kernel_without_a_compiler_falls_back(monkeypatch, capsys):
@@ -206,7 +211,7 @@ def test_cpu_decode_kernel_without_a_compiler_falls_back(monkeypatch, capsys):
         raise RuntimeError("Failed to find a working C++ compiler")
 
     monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", no_compiler)
-    assert cpu_decode.decode_attention_op.__wrapped__() is None
+    assert cpu_kernels.cpu_kernels_built.__wrapped__() is False
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "working C++ compiler" in err
 
@@ -219,5 +224,5 @@ def test_cpu_decode_kernel_build_name_is_an_identifier(monkeypatch):
     names = []
     monkeypatch.setattr(cpu_vec_isa, "pick_vec_isa", cpu_vec_isa.VecAVX512VNNI)
     monkeypatch.setattr(torch.utils.cpp_extension, "load", lambda name, **kwargs: names.append(name))
-    cpu_decode.decode_attention_op.__wrapped__()
+    cpu_kernels.cpu_kernels_built.__wrapped__()
     assert " " in str(cpu_vec_isa.VecAVX512VNNI()) and names[0].isidentifier()

@@ -95,23 +95,25 @@ def test_greedy_tokens_match_hf_generate(model_path):
         assert ours == ref[0, len(prompt) :].tolist()
 
 
-@pytest.mark.parametrize("gemv_copies", [False, True], ids=["onednn-gemv", "mkl-gemv"])
-def test_single_request_decode_matches_hf_with_either_gemv_layout(tiny_llama, gemv_copies, monkeypatch):
-    """A batch-1 decode reads the column-blocked copies where MKL's GEMV is the faster (forced either way here): the
-    greedy tokens equal HF's both ways, and the copies exist exactly when chosen (and only on CPU)."""
+@pytest.mark.parametrize("blocked_copies", [False, True], ids=["aten", "blocked"])
+def test_decode_matches_hf_with_either_decode_linear_kernel(tiny_llama, blocked_copies, monkeypatch):
+    """Decode batches (here 1 and 3 requests) read the column-blocked copies through the C++ kernel where it is the
+    faster (forced either way here): the greedy tokens equal HF's both ways, and the copies exist exactly when
+    chosen (and only on CPU)."""
     from minisgl.layers import amx_utils, linear
 
-    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: gemv_copies)
+    monkeypatch.setattr(amx_utils, "blocked_linear_is_faster", lambda dtype: blocked_copies)
     runner = make_runner(tiny_llama)
     weights = [
         m.weight for m in runner.model.modules() if isinstance(m, linear.ReplicatedLinear | linear.RowParallelLinear)
     ]
-    expect_copies = gemv_copies and weights[0].is_mkldnn
-    assert all(hasattr(w, "gemv_weight") == expect_copies for w in weights)
-    prompt = PROMPTS[0]
-    _, tokens = run_greedy(runner, [prompt], steps=STEPS)
-    ref = hf_model(tiny_llama).generate(ids(prompt), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False)
-    assert tokens[0] == ref[0, len(prompt) :].tolist()
+    assert all(hasattr(w, "blocked_weight") == (blocked_copies and DEVICE.type == "cpu") for w in weights)
+    hf = hf_model(tiny_llama)
+    for prompts in (PROMPTS[:1], PROMPTS):
+        _, tokens = run_greedy(runner, prompts, steps=STEPS)
+        for prompt, ours in zip(prompts, tokens):
+            ref = hf.generate(ids(prompt), max_new_tokens=STEPS, min_new_tokens=STEPS, do_sample=False)
+            assert ours == ref[0, len(prompt) :].tolist()
 
 
 @pytest.mark.parametrize("gemm_copies", [False, True], ids=["onednn-gemm", "mkl-gemm"])

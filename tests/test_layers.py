@@ -14,6 +14,7 @@ from transformers.models.llama.modeling_llama import LlamaRMSNorm
 
 from minisgl.layers import amx_utils, linear
 from minisgl.layers.activation import SiluAndMul
+from minisgl.layers.cpu_kernels import cpu_kernels_built
 from minisgl.layers.layernorm import RMSNorm
 from minisgl.model_executor.cpu_graph_runner import set_torch_compile_config
 
@@ -125,13 +126,12 @@ def test_float32_copies_only_for_bfloat16_cpu_weights_without_bfloat16_arithmeti
         torch.testing.assert_close(on_the_fly, amx_utils.apply_linear(x, bfloat16), atol=0, rtol=2**-7)
 
 
-def packed_with_copy(keep_copy, dtype: torch.dtype, faster: bool):
-    """A 48x40 weight, a bias, the packed weight after ``keep_copy``, and whether a copy is due: float32 packed
-    weights only, where the probe (forced to ``faster``) found the copy's kernel faster."""
+def packed_with_copy(keep_copy, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A 48x40 weight, a bias, and the weight as ``prepack_weight`` leaves it, after ``keep_copy``."""
     weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
     packed = amx_utils.prepack_weight(weight)
     keep_copy(packed, weight)
-    return weight, bias, packed, faster and dtype == torch.float32 and packed.is_mkldnn
+    return weight, bias, packed
 
 
 def assert_copy_read_by(packed, weight, bias, cases, reads_doubled_copy) -> None:
@@ -147,22 +147,59 @@ def assert_copy_read_by(packed, weight, bias, cases, reads_doubled_copy) -> None
         torch.testing.assert_close(out.double(), ref, atol=atol, rtol=0.02)
 
 
-@pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemv", "mkl-gemv"])
+@pytest.mark.parametrize("faster", [False, True], ids=["aten", "blocked"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gemv_copy_serves_single_rows_only_and_matches_plain_linear(monkeypatch, faster, dtype):
-    """Where MKL's GEMV is the faster (forced either way), a float32 packed weight gets a column-blocked copy
-    (48 features: two blocks of 32, the last zero-padded), and only single rows read it; bfloat16 never gets one.
-    Every row count gives the plain layer's values."""
-    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: faster)
-    weight, bias, packed, has_copy = packed_with_copy(amx_utils.keep_gemv_copy, dtype, faster)
-    assert hasattr(packed, "gemv_weight") == has_copy
-    if has_copy:
-        assert packed.gemv_weight.shape == (2, 40, 32) and packed.gemv_weight.is_contiguous()
-        assert not packed.gemv_weight[1, :, 16:].any()  # the padding features
-        packed.gemv_weight.mul_(2)  # a copy that single rows alone read: doubled, their outputs double
-    assert_copy_read_by(
-        packed, weight, bias, [(1, False), (1, True), (2, True), (5, False)], lambda rows: has_copy and rows == 1
-    )
+def test_blocked_copy_serves_few_rows_only_and_matches_plain_linear(monkeypatch, faster, dtype):
+    """Where the C++ kernel is the faster (forced either way), a weight of either dtype gets a column-blocked copy
+    (48 features in blocks of the kernel's width, the last zero-padded), and only inputs of up to BLOCKED_MAX_ROWS
+    rows read it. Every row count gives the plain layer's values."""
+    assert cpu_kernels_built()  # this machine has a compiler: the kernels build
+    monkeypatch.setattr(amx_utils, "blocked_linear_is_faster", lambda dtype: faster)
+    weight, bias, packed = packed_with_copy(amx_utils.keep_blocked_copy, dtype)
+    assert hasattr(packed, "blocked_weight") == faster
+    if faster:
+        blocks, features, width = packed.blocked_weight.shape
+        assert features == 40 and blocks == -(-48 // width) and packed.blocked_weight.is_contiguous()
+        assert torch.equal(packed.blocked_weight[0, :, 0], weight[0])  # block 0, column 0: feature 0's weights
+        assert not packed.blocked_weight.flatten(0, 1).T.flatten()[48 * 40 :].any()  # the padding features
+        packed.blocked_weight.mul_(2)  # a copy that few rows alone read: doubled, their outputs double
+    cases = [(1, False), (1, True), (5, True), (16, False), (17, True), (40, False)]
+    assert_copy_read_by(packed, weight, bias, cases, lambda rows: faster and rows <= amx_utils.BLOCKED_MAX_ROWS)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize(("rows", "out_features", "in_features"), [(1, 48, 40), (3, 100, 37), (4, 960, 576), (8, 64, 1536), (13, 33, 7), (40, 17, 300)])  # fmt: skip
+def test_blocked_linear_matches_float64_linear(dtype, threads, rows, out_features, in_features):
+    """The C++ kernel against float64 ``F.linear``: row counts that fill its groups of four or not (and more than
+    its chunk of 16), feature counts that fill its blocks or not, inputs past one tile of ks (128) or inside one, with
+    a bias and without, on one thread and two. Float32 sums stay within float32 rounding; bfloat16 outputs are the
+    float32 sum rounded once."""
+    assert cpu_kernels_built()
+    torch.manual_seed(rows)
+    weight = torch.randn(out_features, in_features).to(dtype)
+    bias = torch.randn(out_features).to(dtype)
+    x = torch.randn(rows, in_features).to(dtype)
+    blocked = amx_utils.block_weight(weight)
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        outs = [amx_utils.blocked_linear(x, blocked, b, out_features) for b in (None, bias)]
+    finally:
+        torch.set_num_threads(before)
+    for out, b in zip(outs, (None, bias)):
+        ref = torch.nn.functional.linear(x.double(), weight.double(), None if b is None else b.double())
+        assert out.dtype == dtype and out.shape == (rows, out_features)
+        tolerance = {"atol": 1e-4, "rtol": 1e-5} if dtype == torch.float32 else {"atol": 1e-3, "rtol": 2**-8}
+        torch.testing.assert_close(out.double(), ref, **tolerance)
+
+
+def test_blocked_linear_rejects_a_mismatched_input():
+    """An input whose feature count is not the weight's fails with the two counts, not with a wrong product."""
+    assert cpu_kernels_built()
+    blocked = amx_utils.block_weight(torch.zeros(8, 6))
+    with pytest.raises(RuntimeError, match="x has 5 features, the weight 6"):
+        amx_utils.blocked_linear(torch.zeros(2, 5), blocked, None, 8)
 
 
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemm", "mkl-gemm"])
@@ -173,7 +210,8 @@ def test_gemm_copy_serves_long_inputs_only_and_matches_plain_linear(monkeypatch,
     row count gives the plain layer's values."""
     monkeypatch.setattr(amx_utils, "mkl_gemm_is_faster", lambda: faster)
     monkeypatch.setattr(amx_utils, "MKL_GEMM_MIN_ROWS", 4)
-    weight, bias, packed, has_copy = packed_with_copy(amx_utils.keep_gemm_copy, dtype, faster)
+    weight, bias, packed = packed_with_copy(amx_utils.keep_gemm_copy, dtype)
+    has_copy = faster and dtype == torch.float32 and packed.is_mkldnn
     assert hasattr(packed, "gemm_weight") == has_copy
     if has_copy:
         assert not packed.gemm_weight.is_mkldnn and torch.equal(packed.gemm_weight, weight)
@@ -185,17 +223,18 @@ def test_gemm_copy_serves_long_inputs_only_and_matches_plain_linear(monkeypatch,
 
 @pytest.mark.parametrize("ratio", [0.85, 0.95])
 def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio):
-    """The probes' rule, on timings given to them: the alternative kernel (4 padded rows; MKL over the
-    column-blocked copies; MKL over the plain weight) is chosen when it takes under 90% of the default's time, and not when it takes 95%."""
+    """The probes' rule, on timings given to them: the alternative kernel (4 padded rows; the C++ kernel over the
+    column-blocked copies; MKL over the plain weight) is chosen when it takes under 90% of the default's time, and
+    not when it takes 95%."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: True)  # the padding probe runs on AMX CPUs only
     tiny = [torch.zeros(32, 8)]
-    monkeypatch.setattr(amx_utils, "_probe_weights", lambda: (tiny, [amx_utils.prepack_weight(w) for w in tiny]))
+    monkeypatch.setattr(amx_utils, "_probe_weights", lambda *_: (tiny, [amx_utils.prepack_weight(w) for w in tiny]))
     # each probe times [its alternative, the default]
     monkeypatch.setattr(amx_utils, "alternating_seconds", lambda passes, reps=7, statistic=None: [ratio, 1.0])
     assert amx_utils._packed_rows_probe() == (4 if ratio < 0.9 else 1)
+    assert amx_utils.blocked_linear_is_faster.__wrapped__(torch.float32) == (ratio < 0.9)
     if not amx_utils.prepack_weight(tiny[0]).is_mkldnn:
         return  # without oneDNN there is nothing to copy for
-    assert amx_utils.mkl_gemv_is_faster.__wrapped__() == (ratio < 0.9)
     assert amx_utils._mkl_gemm_probe() == (ratio < 0.9)
 
 
@@ -241,7 +280,7 @@ def test_padding_probe_runs_on_first_use_only(monkeypatch):
     monkeypatch.setattr(amx_utils, "_min_packed_rows", None)
     monkeypatch.setattr(amx_utils, "_packed_rows_probe", lambda: calls.append(1) or 4)
     # the other probes, real and cached for the session, are not this test's
-    monkeypatch.setattr(amx_utils, "mkl_gemv_is_faster", lambda: False)
+    monkeypatch.setattr(amx_utils, "blocked_linear_is_faster", lambda dtype: False)
     monkeypatch.setattr(amx_utils, "mkl_gemm_is_faster", lambda: False)
     linear.prepack_linear_weights(torch.nn.Sequential(linear.ReplicatedLinear(8, 8)))
     assert calls == [1] and amx_utils.min_packed_rows() == 4 and calls == [1]

@@ -138,8 +138,8 @@ def _find(node, qname):
 def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     import torch
 
-    import minisgl.layers.attention.cpu_decode as cpu_decode
     import minisgl.layers.attention.tiled_prefill as tiled_prefill
+    import minisgl.layers.cpu_kernels as cpu_kernels
     from minisgl.bench_one_batch import decode, extend
     from minisgl.managers.schedule_batch import Req
     from minisgl.model_executor.runner.decode_cuda_graph_runner import DecodeCudaGraphRunner
@@ -193,7 +193,7 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
             executed.add((_fqn(f.f_code), callee))
 
     torch.manual_seed(0)
-    cpu_decode.decode_attention_op.cache_clear()  # loaded once per process, at load: load it again under the hook
+    cpu_kernels.cpu_kernels_built.cache_clear()  # loaded once per process, at load: load it again under the hook
     sys.setprofile(hook)
     try:
         for runner in runners:

@@ -310,18 +310,23 @@ def test_bench_page_shows_runs_on_other_cpus_with_their_own_targets(tmp_path, mo
 @pytest.mark.parametrize(("padded_rows", "copies", "expected"), [
     (1, False, "1-3 decode rows not padded for oneDNN; column-blocked copies for MKL's single-row GEMV in float32: no."),
     (4, True, "1-3 decode rows padded to 4 for oneDNN; column-blocked copies for MKL's single-row GEMV in float32: yes."),
+    (1, {"float32": True, "bfloat16": False}, "1-3 decode rows not padded for oneDNN; column-blocked copies for "
+     "minisgl's C++ kernel at decode's few rows: float32 yes, bfloat16 no."),
 ])  # fmt: skip
 def test_bench_page_names_the_probes_choices(padded_rows, copies, expected):
+    """Results written before the C++ kernel recorded MKL's single-row copies (a bool), later ones the kernel's
+    copies per dtype: the page names whichever the results hold."""
     from reader.site_bench import _machine
 
+    key = "blocked_copies" if isinstance(copies, dict) else "mkl_gemv_copies"
     machine = {"cpu": "AMD EPYC", "cores": 2, "torch_threads": 2, "capability": "AVX512", "amx": False,
-               "avx512_bf16": True, "padded_rows": padded_rows, "mkl_gemv_copies": copies}  # fmt: skip
+               "avx512_bf16": True, "padded_rows": padded_rows, key: copies}  # fmt: skip
     assert expected in _machine(machine)
-    assert "probes" not in _machine({k: v for k, v in machine.items() if k not in ("padded_rows", "mkl_gemv_copies")})
+    assert "probes" not in _machine({k: v for k, v in machine.items() if k not in ("padded_rows", key)})
     assert "MKL's GEMM" not in _machine(machine)  # results written before the GEMM copies have no answer
-    gemm = _machine({**machine, "mkl_gemm_copies": copies, "mkl_gemm_min_rows": 512})
+    gemm = _machine({**machine, "mkl_gemm_copies": padded_rows == 4, "mkl_gemm_min_rows": 512})
     assert (
-        f"Plain float32 weights kept for MKL's GEMM on prefills of 512 rows or more: {'yes' if copies else 'no'}."
+        f"Plain float32 weights kept for MKL's GEMM on prefills of 512 rows or more: {'yes' if padded_rows == 4 else 'no'}."
         in gemm
     )
 

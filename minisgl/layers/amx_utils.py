@@ -1,9 +1,9 @@
 """CPU linear kernels: which one multiplies each weight, chosen at load by probes, and the weight forms each reads.
 
 ``apply_linear`` is every linear layer's product. On a CPU the plain ``[out, in]`` weight is rarely the fastest
-form: oneDNN's prepacked layout streams a decode's few rows faster, and where probes time it so, MKL reads a
-column-blocked copy faster for a single row and the plain weight faster for a long prefill's rows; on a CPU
-without bfloat16 arithmetic, batched bfloat16 rows multiply a float32 copy. The probes run once per process, at
+form: oneDNN's prepacked layout streams a decode's few rows faster, and where probes time it so, minisgl's C++
+kernel reads a column-blocked copy faster still for them, and MKL the plain weight faster for a long prefill's rows;
+on a CPU without bfloat16 arithmetic, batched bfloat16 rows multiply a float32 copy. The probes run once per process, at
 load, on weights past the caches; each switches kernels only for one at least 10% faster.
 
 Named after its counterpart, SGLang's ``amx_utils.py``, whose ``_amx_process_weight_after_loading`` packs CPU
@@ -21,10 +21,13 @@ from collections.abc import Callable, Sequence
 import torch
 import torch.nn.functional as F
 
+from minisgl.layers.cpu_kernels import cpu_kernels_built
 
-def _probe_weights() -> tuple[list[torch.Tensor], list[torch.Tensor]]:
-    """128 MiB of float32 ``[out, in]`` weights, plain and prepacked: past the caches, as a model's weights are."""
-    plain = [torch.full((2048, 2048), 0.01) for _ in range(8)]
+
+def _probe_weights(dtype: torch.dtype = torch.float32) -> tuple[list[torch.Tensor], list[torch.Tensor]]:
+    """128 MiB of float32 ``[out, in]`` weights (64 of bfloat16), plain and as ``prepack_weight`` leaves them:
+    past the caches, as a model's weights are."""
+    plain = [torch.full((2048, 2048), 0.01, dtype=dtype) for _ in range(8)]
     return plain, [prepack_weight(w) for w in plain]
 
 
@@ -114,24 +117,24 @@ def linear_in_float32(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor 
 
 
 def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
-    """``x @ weight.T + bias`` with the kernel chosen at load for this weight: oneDNN's packed one (padded where
-    ``min_packed_rows`` says), MKL's over a column-blocked copy for one float32 row (``keep_gemv_copy``), MKL's
-    over the plain float32 weight for a long prefill's rows (``keep_gemm_copy``; traced, ``plain_weight_linear``),
-    float32 copies for batched bfloat16 rows on CPUs without bfloat16 arithmetic, else ``F.linear``."""
+    """``x @ weight.T + bias`` with the kernel chosen at load for this weight: minisgl's C++ one over a
+    column-blocked copy for a decode's few rows (``keep_blocked_copy``), oneDNN's packed one (padded where
+    ``min_packed_rows`` says), MKL's over the plain float32 weight for a long prefill's rows (``keep_gemm_copy``;
+    traced, ``plain_weight_linear``), float32 copies for batched bfloat16 rows on CPUs without bfloat16
+    arithmetic, else ``F.linear``."""
+    rows = x.shape[0]
+    blocked_weight = getattr(weight, "blocked_weight", None)
+    if blocked_weight is not None and rows <= BLOCKED_MAX_ROWS:  # see keep_blocked_copy
+        return blocked_linear(x, blocked_weight, bias, weight.shape[0])
     if not weight.is_mkldnn:
-        if multiplies_in_float32(weight) and x.shape[0] > 1:
+        if multiplies_in_float32(weight) and rows > 1:
             return linear_in_float32(x, weight, bias)
         if traced_gemm_on_plain_weight(x, weight):
             return plain_weight_linear(x, weight, bias)
         return F.linear(x, weight, bias)
-    rows = x.shape[0]
     gemm_weight = getattr(weight, "gemm_weight", None)
     if rows >= MKL_GEMM_MIN_ROWS and gemm_weight is not None:  # see keep_gemm_copy
         return F.linear(x, gemm_weight, bias)
-    gemv_weight = getattr(weight, "gemv_weight", None)
-    if rows == 1 and gemv_weight is not None:  # see keep_gemv_copy
-        out = blocked_gemv(x, gemv_weight, weight.shape[0])
-        return out if bias is None else out.add_(bias)
     packed_rows = min_packed_rows()
     if rows >= packed_rows:
         return torch.ops.mkldnn._linear_pointwise(x, weight, bias, "none", [], "")
@@ -145,7 +148,7 @@ def prepack_weight(weight: torch.Tensor) -> torch.Tensor:
 
     MKL's GEMM reads the plain layout at about half of the memory bandwidth for the skinny matmuls of batched
     decode (2-32 rows); oneDNN's prepacked kernels read it faster (a single float32 row may be faster on MKL:
-    see ``keep_gemv_copy``). Sums are reordered, so results move by float rounding only.
+    see ``keep_blocked_copy``). Sums are reordered, so results move by float rounding only.
     """
     if weight.device.type != "cpu" or not torch.backends.mkldnn.is_available():
         return weight
@@ -174,68 +177,72 @@ def min_packed_rows() -> int:
     return _min_packed_rows
 
 
-# Output features per block of a GEMV copy. Measured on an AMD EPYC VM, float32 one row, median GB/s on
-# SmolLM2's / dummy134's shapes: 16 columns 18.8 / 20.9, 32 columns 19.1 / 22.2, 64 columns 11.5 / 13.8.
-GEMV_BLOCK_COLUMNS = 32
+# Rows up to which a linear runs the C++ kernel over its column-blocked copy, where kept (``keep_blocked_copy``).
+# AMD EPYC Zen 3 (AVX2), a SmolLM2 step's linears and LM head, float32 ms against oneDNN's packed kernel (alternated,
+# median of 5): 1 row 16.3 vs 22.7, 2 19.5 vs 24.4, 4 22.1 vs 28.8, 8 25.1 vs 34.4, 12 32.6 vs 42.7, 16 57.0 vs 61.0
+# (39.4 vs 52.0 in another run), 32 83.8 vs 81.5: even from 32 rows on, so oneDNN keeps those.
+BLOCKED_MAX_ROWS = 16
+BLOCKED_DTYPES = (torch.float32, torch.bfloat16)
 
 
-def column_blocked(weight: torch.Tensor) -> torch.Tensor:
-    """A float32 ``[out, in]`` weight as ``[out / 32, in, 32]`` blocks, each block's columns the weights of 32
-    output features (the last block zero-padded): the layout ``blocked_gemv`` reads."""
-    pad = -weight.shape[0] % GEMV_BLOCK_COLUMNS
-    padded = F.pad(weight.detach(), (0, 0, 0, pad))
-    return padded.view(-1, GEMV_BLOCK_COLUMNS, weight.shape[1]).transpose(1, 2).contiguous()
+def block_weight(weight: torch.Tensor) -> torch.Tensor:
+    """A float32/bfloat16 ``[out, in]`` weight as the C++ kernel reads it: ``[blocks, in, width]``, each block the
+    weights of ``width`` output features (two vectors of the build's ISA: 16 on AVX2), stored k by k; the last
+    block zero-padded. The kernels must be built (``cpu_kernels_built``)."""
+    return torch.ops.minisgl_cpu.block_weight(weight)
 
 
-def blocked_gemv(x: torch.Tensor, blocked: torch.Tensor, out_features: int) -> torch.Tensor:
-    """``x @ W^T`` over ``column_blocked(W)``: one batched product (``bmm``, MKL's ``SGEMM_BATCH``), ``x @ [in,
-    32]`` per block; each block is contiguous, so each small GEMM reads its weights front to back.
-
-    Made for single rows (``apply_linear``), whose result is already in feature order: a view, sliced only
-    where the last block is padded (each extra view op costs ~1 us, and a SmolLM2 step runs 121 linears). More
-    rows are gathered from the blocks, for ``bench/decode_kernels.py``.
-    """
-    out = torch.matmul(x, blocked)  # [blocks, rows, 32]
-    out = out.view(1, -1) if x.shape[0] == 1 else out.transpose(0, 1).reshape(x.shape[0], -1)
-    return out if out.shape[1] == out_features else out[:, :out_features]
+def blocked_linear(
+    x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int
+) -> torch.Tensor:
+    """``x @ W^T + bias`` of a few float32/bfloat16 rows over ``W``'s column-blocked copy, by the C++ kernel
+    (``csrc/gemm.cpp``): each thread streams its blocks of output features front to back, their rows' sums held in
+    registers. The output has ``x``'s dtype; bfloat16 products are summed in float32 and rounded once."""
+    return torch.ops.minisgl_cpu.blocked_linear(x, blocked, bias, out_features)
 
 
 @functools.cache
-def mkl_gemv_is_faster() -> bool:
-    """Whether MKL's batched GEMM over column-blocked float32 weights (``blocked_gemv``) reads a single row's
-    weights at least 10% faster than oneDNN's packed kernel does on this CPU (as ``apply_linear`` calls it,
-    padded where it pads).
+def blocked_linear_is_faster(dtype: torch.dtype) -> bool:
+    """Whether the C++ kernel over column-blocked copies multiplies 1 and 8 rows of ``dtype`` at least 10% faster,
+    both counted together, than the kernels ``apply_linear`` picks for the plain weight otherwise (oneDNN's packed
+    one; for bfloat16 where oneDNN has none, ``F.linear`` for 1 row and float32 copies for 8). False where the
+    kernels are not built.
 
-    Probed once per process, on 128 MiB of weights (past the caches, as a model's are): which kernel streams
-    fastest differs from one CPU, and one VM, to another. On an AMD EPYC VM (Zen 4, no AMX), float32 linears
-    and LM head at one row, median GB/s over four runs: SmolLM2's blocked 16.3-19.4, oneDNN packed 15.1-18.0;
-    dummy134's 17.7-25.8 against 16.2-19.3; MKL's GEMV over a K-major copy 13.3 and 14.8 (the copies' layout
-    before the blocked one; on a Xeon VM with AMX it had led, 27-28 against oneDNN's 20-21, where the blocked
-    layout was not measured). At two or more rows oneDNN is faster (at eight, 15 GB/s against 10-11), so
-    batches keep the packed weight. In bfloat16 oneDNN is the faster one at every row count (15-18 GB/s against
-    6-15 blocked), so only float32 is probed.
+    Probed once per process and dtype, on 128 MiB of float32 weights (64 MiB of bfloat16): which kernel streams a
+    weight fastest differs from one CPU to another. AMD EPYC Zen 3 (AVX2), a SmolLM2 step's linears and head, ms
+    (alternated, median of 5): float32 1 row 16.3 against oneDNN 22.7, 8 rows 25.1 against 34.4; bfloat16 1 row
+    12.0 against ``F.linear`` 16.6, 8 rows 24.8 against the float32 copies' ~35. The kernel has no AVX-512 or AMX
+    paths of its own (ATen's ``Vectorized`` for the ISA Inductor picks), so where oneDNN has them it may lose.
     """
-    weights, packed = _probe_weights()
-    if not packed[0].is_mkldnn:
+    if not cpu_kernels_built():
         return False
-    blocked = [column_blocked(w) for w in weights]
-    x = torch.ones(1, 2048)
+    plain, current = _probe_weights(dtype)
+    for weight in current:
+        keep_float32_copy(weight)
+    blocked = [block_weight(w) for w in plain]
+    xs = [torch.ones(rows, 2048, dtype=dtype) for rows in (1, 8)]
     return _is_faster_by_a_tenth(
-        lambda: [blocked_gemv(x, w, 2048) for w in blocked], lambda: [apply_linear(x, w) for w in packed]
+        lambda: [blocked_linear(x, b, None, 2048) for x in xs for b in blocked],
+        lambda: [apply_linear(x, w) for x in xs for w in current],
     )
 
 
-def keep_gemv_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
-    """Give a prepacked float32 weight a column-blocked copy for single-row inputs, where MKL reads that faster.
+def blocked_copies() -> dict[str, bool]:
+    """Each dtype's answer of ``blocked_linear_is_faster`` (probing it where not yet probed), by dtype name: what
+    a benchmark records of this process's choice."""
+    return {str(dtype).removeprefix("torch."): blocked_linear_is_faster(dtype) for dtype in BLOCKED_DTYPES}
 
-    A batch-1 decode step is one weight read per linear, so its time is the kernel's read rate. Float32 batch-1
-    eager decode, in-process A/B on an AMD EPYC VM, ms/step (median of five runs): SmolLM2 55.3 -> 48.0 and
-    55.6 -> 47.9, dummy134 32.9 -> 28.3; on a Xeon VM with AMX, with the K-major copies of then, SmolLM2 48.8 ->
-    34.8. The price is a second copy of every float32 linear weight (SmolLM2: +538 MB), kept only where
-    ``mkl_gemv_is_faster``.
-    """
-    if packed.is_mkldnn and weight.dtype == torch.float32 and mkl_gemv_is_faster():
-        packed.gemv_weight = column_blocked(weight)
+
+def keep_blocked_copy(weight_form: torch.Tensor, weight: torch.Tensor) -> None:
+    """Give a CPU linear weight (``weight_form``: oneDNN's packed one, or the plain one where oneDNN does not pack
+    its dtype) a column-blocked copy of ``weight`` for inputs of up to ``BLOCKED_MAX_ROWS`` rows, where
+    ``blocked_linear_is_faster``.
+
+    A decode step is a weight read per linear, so its linears' time is the kernel's read rate. The price is a
+    second copy of every linear weight (SmolLM2 float32: +538 MB), the layout a decode reads."""
+    if weight.device.type == "cpu" and weight.dtype in BLOCKED_DTYPES:
+        if blocked_linear_is_faster(weight.dtype):
+            weight_form.blocked_weight = block_weight(weight.detach())
 
 
 # Rows from which a float32 linear runs MKL's GEMM on its plain weight, where that is kept (``keep_gemm_copy``):
@@ -308,7 +315,8 @@ def keep_gemm_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
     """Keep a prepacked float32 weight's plain form beside it, for inputs of ``MKL_GEMM_MIN_ROWS`` rows or more,
     where ``mkl_gemm_is_faster``: there a long prefill's products run at MKL's rate (AMD EPYC Zen 3, the four
     linears of a dummy134 layer at 1,024 rows: 178 against 156 GFLOP/s; the eager prefills are in
-    ``MKL_GEMM_MIN_ROWS``). Decode batches keep the packed kernel, which streams their few rows' weights faster.
+    ``MKL_GEMM_MIN_ROWS``). Decode batches keep the packed kernel (or the C++ one), which streams their few rows'
+    weights faster.
     The price is a second copy of every float32 linear weight (dummy134: +340 MB), the one a user's plain model
     holds; the LM head, which a prefill runs on each request's last token alone, gets none. Bfloat16 weights get
     none either: their copies for batched rows (``keep_float32_copy``) already double them."""
@@ -318,14 +326,15 @@ def keep_gemm_copy(packed: torch.Tensor, weight: torch.Tensor) -> None:
 
 def keep_float32_copy(weight: torch.Tensor) -> None:
     """Give a bfloat16 weight on a CPU without bfloat16 arithmetic (``CPU_MULTIPLIES_BFLOAT16``) a prepacked
-    float32 copy, which ``apply_linear`` reads for inputs of two or more rows.
+    float32 copy, which ``apply_linear`` reads for inputs of two or more rows (past ``BLOCKED_MAX_ROWS`` where the
+    C++ kernel's blocked copy is kept: it reads the bfloat16 weight itself, faster still).
 
     Where oneDNN has no bfloat16 kernels (an AVX2-only CPU) torch multiplies bfloat16 matrices in a generic
     kernel at a fifth of float32's rate, compute-bound from two rows on: on a 2-core AMD EPYC (Zen 3, AVX2)
     dummy134's linears run at 18-19 GFLOP/s at every row count (8 rows: 75 ms a step; 128: 1.14 s), float32
     ones at 84-114. The copy is exact (every bfloat16 value is a float32 one), its products and sums are
     float32 as a bfloat16 GEMM's are, and the output is rounded to bfloat16 once, so results move by summation
-    order only. A single row keeps the bfloat16 weight, whose GEMV streams half the bytes: there, in
+    order only. Without a blocked copy a single row keeps the bfloat16 weight, whose GEMV streams half the bytes: in
     bfloat16 bytes per second (``bench/decode_kernels.py``), dummy134's linears and head read at 15.1 GB/s
     through ``F.linear`` against 9.1 through the copy, SmolLM2's 14.2 against 8.2; at 2 rows they tie (8.7 /
     8.8), at 8 the copy leads (5.7 against 2.2). The price is 4 bytes per parameter (SmolLM2: +540 MB on its

@@ -25,9 +25,9 @@ from minisgl.distributed.parallel_state import (
 )
 from minisgl.layers.amx_utils import (
     apply_linear,
+    keep_blocked_copy,
     keep_float32_copy,
     keep_gemm_copy,
-    keep_gemv_copy,
     min_packed_rows,
     prepack_weight,
 )
@@ -70,7 +70,7 @@ def prepack_linear_weights(model: nn.Module) -> None:
             packed = nn.Parameter(prepack_weight(module.weight), requires_grad=False)
             if packed.is_mkldnn:
                 min_packed_rows()  # probed at load, not in the first forward, which a benchmark may time
-            keep_gemv_copy(packed, module.weight)
+            keep_blocked_copy(packed, module.weight)
             keep_gemm_copy(packed, module.weight)
             keep_float32_copy(packed)
             module.weight = packed

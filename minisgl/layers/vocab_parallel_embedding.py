@@ -16,7 +16,7 @@ from minisgl.distributed.parallel_state import (
     get_tensor_model_parallel_world_size,
     tensor_model_parallel_all_reduce,
 )
-from minisgl.layers.amx_utils import keep_float32_copy, keep_gemv_copy, prepack_weight
+from minisgl.layers.amx_utils import keep_blocked_copy, keep_float32_copy, prepack_weight
 from minisgl.layers.linear import copy_checked, shard
 
 
@@ -59,8 +59,9 @@ def prepack_lm_head(lm_head: VocabParallelEmbedding) -> None:
     packed = prepack_weight(lm_head.weight)
     if packed is lm_head.weight:
         keep_float32_copy(lm_head.weight)  # a no-op but for bfloat16 on a CPU without bfloat16 arithmetic
+        keep_blocked_copy(lm_head.weight, lm_head.weight)
         return
-    keep_gemv_copy(packed, lm_head.weight)
+    keep_blocked_copy(packed, lm_head.weight)
     if isinstance(lm_head, ParallelLMHead):
         lm_head.weight = nn.Parameter(packed, requires_grad=False)
     lm_head.packed_weight = packed

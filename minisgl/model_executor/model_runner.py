@@ -65,7 +65,7 @@ class ModelRunner:
         self.init_memory_pool()
         self.attn_backend = TorchNativeAttnBackend()
         if device.type == "cpu" and self.model_config.dtype in KERNEL_DTYPES:
-            decode_attention_op()  # the C++ decode kernel built or loaded now, not inside the first (timed) decode
+            decode_attention_op()  # the C++ kernels built or loaded now, not inside the first (timed) decode
         self.graph_runner: BaseRunner | None = self.init_decode_cuda_graph()
 
     def load_model(self) -> None:

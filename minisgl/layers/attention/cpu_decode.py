@@ -11,9 +11,8 @@ vs 59.1, 32x256 121.6 vs 120.9. A compiled decode keeps ``fused_decode_attention
 step's graph): the kernel called from the graph measured within noise of it (SmolLM2 float32 1x512 15.9 vs 15.9
 ms/step, 8x128 39.4 vs 38.3).
 
-The build (``torch.utils.cpp_extension`` with ninja, ~10 s, cached under ``~/.cache/torch_extensions`` until the
-source or torch changes) uses the vector ISA TorchInductor picks for this CPU (ATen's scalar ``Vectorized`` where
-it picks none). Where no C++ compiler works, one line on stderr says so and decode attention stays on gather + SDPA.
+It is built with minisgl's other C++ CPU kernels (``cpu_kernels.py``); where they cannot be built, decode attention
+stays on gather + SDPA.
 
 SGLang's CPU backend (``intel_amx_backend.py``) calls sgl-kernel's prebuilt ``decode_attention_cpu`` likewise,
 which also writes the new K/V into the pool and has AMX paths.
@@ -21,41 +20,17 @@ which also writes the new K/V into the pool and has AMX paths.
 
 from __future__ import annotations
 
-import functools
-import os
-import re
-import sys
-
 import torch
 
-SOURCE = os.path.join(os.path.dirname(__file__), "csrc", "decode.cpp")
+from minisgl.layers.cpu_kernels import cpu_kernels_built
+
 # The dtypes whose eager decode runs the kernel: measured faster than gather + SDPA, or even (above).
 KERNEL_DTYPES = (torch.float32, torch.bfloat16)
 
 
-@functools.cache
 def decode_attention_op():
     """``torch.ops.minisgl_cpu.decode_attention``, built and loaded once per process; None where it cannot be."""
-    try:
-        from torch._inductor.cpu_vec_isa import pick_vec_isa
-        from torch.utils import cpp_extension
-
-        isa = pick_vec_isa()  # probes the compiler; falsy where no vector ISA builds (ATen's scalar Vectorized then)
-        flags = ["-O3", "-fopenmp"]
-        if isa:
-            flags += [f"-D{macro}" for macro in isa.build_macro()] + isa.build_arch_flags().split()
-        cpp_extension.load(
-            name="minisgl_cpu_decode_" + re.sub(r"\W", "_", str(isa) if isa else "scalar"),  # "avx512 avx512_vnni"
-            sources=[SOURCE],
-            extra_cflags=flags,
-            extra_ldflags=["-fopenmp"],
-            is_python_module=False,
-        )
-    except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: each leaves SDPA in place
-        first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-        print(f"minisgl: CPU decode kernel not built ({first_line}); decode attention uses SDPA", file=sys.stderr)
-        return None
-    return torch.ops.minisgl_cpu.decode_attention
+    return torch.ops.minisgl_cpu.decode_attention if cpu_kernels_built() else None
 
 
 def uses_decode_kernel(q: torch.Tensor) -> bool:

@@ -1,6 +1,6 @@
 // Decode attention on CPU over the paged KV pool: one new query token per request against all its cached keys and
-// values, read in place through the request's row of KV slots. Built at first use by cpu_decode.py
-// (torch.utils.cpp_extension), vectorized with ATen's Vectorized<float> for the ISA TorchInductor picks.
+// values, read in place through the request's row of KV slots. Built with gemm.cpp by cpu_kernels.py and called
+// through cpu_decode.py, vectorized with ATen's Vectorized<float> for the ISA TorchInductor picks.
 //
 // SGLang's counterpart is sgl-kernel's decode_attention_cpu (sgl-kernel/csrc/cpu/decode.cpp), which also writes
 // the new K/V, caps logits, and has AVX-512/AMX paths for bfloat16, fp8 and MLA.
@@ -248,7 +248,7 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, con
 
 }  // namespace
 
-TORCH_LIBRARY(minisgl_cpu, m) {
+TORCH_LIBRARY_FRAGMENT(minisgl_cpu, m) {
   m.def(
       "decode_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor kv_indices, Tensor seq_lens, float scale)"
       " -> Tensor");

@@ -1,0 +1,193 @@
+// A linear layer's product for the few rows of a decode step, x @ W^T (+ bias), over a column-blocked copy of W.
+// Built with decode.cpp by cpu_kernels.py; amx_utils.py keeps the copy and calls it where a probe finds it faster.
+//
+// SGLang's counterpart is sgl-kernel's weight_packed_linear (sgl-kernel/csrc/cpu/gemm.cpp), with its
+// convert_weight_packed: AVX-512 and AMX tiles over VNNI-packed bfloat16/fp8/int8 weights, for any row count.
+//
+// A decode step's linears are a weight read: each weight element is used once per row, and there are 1-8 rows. So
+// the layout is made for reading: the weight is cut into blocks of kCols output features, each block stored [K,
+// kCols] so that one k is one (float32) or half a (bfloat16) cache line, and a thread reads its blocks front to
+// back. Each row's kCols sums stay in registers across K; rows go four at a time (8 accumulators of 16 registers).
+
+#include <ATen/Parallel.h>
+#include <ATen/core/Tensor.h>
+#include <ATen/cpu/vec/vec.h>
+#include <ATen/ops/empty.h>
+#include <ATen/ops/zeros.h>
+#include <c10/util/BFloat16.h>
+#include <torch/library.h>
+
+#include <algorithm>
+#include <type_traits>
+
+namespace {
+
+using Vec = at::vec::Vectorized<float>;
+using BVec = at::vec::Vectorized<c10::BFloat16>;
+constexpr int64_t kVec = Vec::size();
+constexpr int64_t kCols = 2 * kVec;  // output features per block: one bfloat16 vector, two float32 ones
+constexpr int64_t kRows = 4;         // rows whose sums share a pass over the weights
+constexpr int64_t kChunkRows = 16;   // rows whose partial sums a block keeps at a time
+// Ks per tile: the later row groups read the tile again from L1 (kTileK * kCols floats, 8 KiB on AVX2).
+constexpr int64_t kTileK = 128;
+
+template <typename W>
+inline void load_cols(const W* w, Vec& lo, Vec& hi) {
+  if constexpr (std::is_same_v<W, float>) {
+    lo = Vec::loadu(w);
+    hi = Vec::loadu(w + kVec);
+  } else {
+    std::tie(lo, hi) = at::vec::convert_bfloat16_float(BVec::loadu(w));  // bfloat16 -> float32 is a shift
+  }
+}
+
+// ROWS rows of x (row stride K) times one block's ks [k0, k1); the sums start at zero (first tile) or at sums.
+// Forced inline: compiled as a call, the accumulators went to memory and 8 rows took 1.8x the time.
+template <int ROWS, typename W>
+__attribute__((always_inline)) inline void
+row_group(const float* x, int64_t K, const W* w, int64_t k0, int64_t k1, float* sums, bool first) {
+  Vec acc[ROWS][2];
+  for (int r = 0; r < ROWS; ++r) {
+    acc[r][0] = first ? Vec(0.f) : Vec::loadu(sums + r * kCols);
+    acc[r][1] = first ? Vec(0.f) : Vec::loadu(sums + r * kCols + kVec);
+  }
+  int64_t k = k0;
+  if constexpr (ROWS <= 2) {
+    // Few rows are few accumulators, each waiting on its last FMA: a second set, for odd ks, halves that wait.
+    Vec odd[ROWS][2];
+    for (int r = 0; r < ROWS; ++r) odd[r][0] = odd[r][1] = Vec(0.f);
+    for (; k + 1 < k1; k += 2) {
+      Vec w0, w1, v0, v1;
+      load_cols(w + k * kCols, w0, w1);
+      load_cols(w + (k + 1) * kCols, v0, v1);
+      for (int r = 0; r < ROWS; ++r) {
+        const Vec xe(x[r * K + k]), xo(x[r * K + k + 1]);
+        acc[r][0] = at::vec::fmadd(xe, w0, acc[r][0]);
+        acc[r][1] = at::vec::fmadd(xe, w1, acc[r][1]);
+        odd[r][0] = at::vec::fmadd(xo, v0, odd[r][0]);
+        odd[r][1] = at::vec::fmadd(xo, v1, odd[r][1]);
+      }
+    }
+    for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][0] + odd[r][0], acc[r][1] = acc[r][1] + odd[r][1];
+  }
+  for (; k < k1; ++k) {
+    Vec w0, w1;
+    load_cols(w + k * kCols, w0, w1);
+    for (int r = 0; r < ROWS; ++r) {
+      const Vec xr(x[r * K + k]);
+      acc[r][0] = at::vec::fmadd(xr, w0, acc[r][0]);
+      acc[r][1] = at::vec::fmadd(xr, w1, acc[r][1]);
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    acc[r][0].store(sums + r * kCols);
+    acc[r][1].store(sums + r * kCols + kVec);
+  }
+}
+
+template <typename W>
+__attribute__((always_inline)) inline void
+row_groups(const float* x, int64_t rows, int64_t K, const W* w, int64_t k0, int64_t k1, float* sums) {
+  for (int64_t m = 0; m < rows; m += kRows) {
+    const float* xm = x + m * K;
+    float* sm = sums + m * kCols;
+    switch (std::min(kRows, rows - m)) {
+      case 4: row_group<4>(xm, K, w, k0, k1, sm, k0 == 0); break;
+      case 3: row_group<3>(xm, K, w, k0, k1, sm, k0 == 0); break;
+      case 2: row_group<2>(xm, K, w, k0, k1, sm, k0 == 0); break;
+      default: row_group<1>(xm, K, w, k0, k1, sm, k0 == 0); break;
+    }
+  }
+}
+
+// One block's tile of ks for `rows` rows. Bfloat16 weights read by several row groups are widened once, into L1.
+template <typename W>
+inline void block_tile(const float* x, int64_t rows, int64_t K, const W* block, int64_t k0, int64_t k1, float* sums) {
+  if (std::is_same_v<W, float> || rows <= kRows) return row_groups(x, rows, K, block, k0, k1, sums);
+  alignas(64) float wide[kTileK * kCols];
+  for (int64_t i = 0; i < (k1 - k0) * kCols; i += kCols) {
+    Vec lo, hi;
+    load_cols(block + k0 * kCols + i, lo, hi);
+    lo.store(wide + i);
+    hi.store(wide + i + kVec);
+  }
+  row_groups<float>(x, rows, K, wide - k0 * kCols, k0, k1, sums);
+}
+
+template <typename W, typename T>
+void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const T* bias, int64_t N, T* out) {
+  const int64_t blocks = (N + kCols - 1) / kCols;
+  // Each thread takes a contiguous range of blocks: one forward stream of weights per core.
+  at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
+    alignas(64) float sums[kChunkRows * kCols];
+    for (int64_t b = begin; b < end; ++b) {
+      const W* block = w + b * K * kCols;
+      const int64_t cols = std::min(kCols, N - b * kCols);
+      for (int64_t m0 = 0; m0 < M; m0 += kChunkRows) {
+        const int64_t rows = std::min(kChunkRows, M - m0);
+        for (int64_t k0 = 0; k0 < K; k0 += kTileK) block_tile(x + m0 * K, rows, K, block, k0, std::min(K, k0 + kTileK), sums);
+        for (int64_t r = 0; r < rows; ++r) {
+          T* out_row = out + (m0 + r) * N + b * kCols;
+          for (int64_t c = 0; c < cols; ++c) {
+            const float bias_c = bias ? static_cast<float>(bias[b * kCols + c]) : 0.f;
+            out_row[c] = static_cast<T>(sums[r * kCols + c] + bias_c);
+          }
+        }
+      }
+    }
+  });
+}
+
+// [N, K] -> [ceil(N / kCols), K, kCols], the last block's missing features zero.
+at::Tensor block_weight(const at::Tensor& weight) {
+  TORCH_CHECK(weight.dim() == 2, "block_weight: weight must be [out, in], got ", weight.sizes());
+  TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
+              "block_weight: float32 or bfloat16 weights only, got ", weight.scalar_type());
+  const int64_t N = weight.size(0), K = weight.size(1), blocks = (N + kCols - 1) / kCols;
+  auto padded = at::zeros({blocks * kCols, K}, weight.options());
+  padded.narrow(0, 0, N).copy_(weight);
+  return padded.view({blocks, kCols, K}).transpose(1, 2).contiguous();
+}
+
+at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocked, const c10::optional<at::Tensor>& bias,
+                          int64_t out_features) {
+  TORCH_CHECK(x.dim() == 2, "blocked_linear: x must be [rows, in], got ", x.sizes());
+  TORCH_CHECK(blocked.dim() == 3 && blocked.size(2) == kCols && blocked.is_contiguous(),
+              "blocked_linear: the weight must come from block_weight");
+  TORCH_CHECK(x.size(1) == blocked.size(1), "blocked_linear: x has ", x.size(1), " features, the weight ",
+              blocked.size(1));
+  TORCH_CHECK(out_features > (blocked.size(0) - 1) * kCols && out_features <= blocked.size(0) * kCols,
+              "blocked_linear: ", out_features, " output features do not fit ", blocked.size(0), " blocks");
+  TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
+              "blocked_linear: float32 or bfloat16 inputs only");
+  const auto x_float = x.to(at::kFloat).contiguous();  // a decode's few rows: converting them costs nothing
+  const int64_t M = x.size(0), K = x.size(1);
+  auto out = at::empty({M, out_features}, x.options());
+  const at::Tensor b = bias.has_value() ? bias->to(x.scalar_type()).contiguous() : at::Tensor();
+  auto run = [&](auto* out_ptr) {
+    using T = std::remove_pointer_t<decltype(out_ptr)>;
+    const T* bias_ptr = b.defined() ? b.data_ptr<T>() : nullptr;
+    if (blocked.scalar_type() == at::kFloat)
+      blocked_linear_impl(x_float.data_ptr<float>(), M, K, blocked.data_ptr<float>(), bias_ptr, out_features, out_ptr);
+    else
+      blocked_linear_impl(x_float.data_ptr<float>(), M, K, blocked.data_ptr<c10::BFloat16>(), bias_ptr, out_features,
+                          out_ptr);
+  };
+  if (x.scalar_type() == at::kFloat)
+    run(out.data_ptr<float>());
+  else
+    run(out.data_ptr<c10::BFloat16>());
+  return out;
+}
+
+}  // namespace
+
+TORCH_LIBRARY_FRAGMENT(minisgl_cpu, m) {
+  m.def("block_weight(Tensor weight) -> Tensor");
+  m.def("blocked_linear(Tensor x, Tensor blocked, Tensor? bias, int out_features) -> Tensor");
+}
+
+TORCH_LIBRARY_IMPL(minisgl_cpu, CPU, m) {
+  m.impl("block_weight", &block_weight);
+  m.impl("blocked_linear", &blocked_linear);
+}
