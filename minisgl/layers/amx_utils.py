@@ -2,9 +2,9 @@
 
 ``apply_linear`` is every linear layer's product. On a CPU the plain ``[out, in]`` weight is rarely the fastest
 form: oneDNN's prepacked layout streams a decode's few rows faster, and where probes time it so, minisgl's C++
-kernel reads a column-blocked copy faster still for them, and MKL the plain weight faster for a long prefill's rows;
-on a CPU without bfloat16 arithmetic, batched bfloat16 rows multiply a float32 copy. The probes run once per process, at
-load, on weights past the caches; each switches kernels only for one at least 10% faster.
+kernel reads a column-blocked copy faster still for them, and MKL the plain weight faster for a long prefill's
+rows; on a CPU without bfloat16 arithmetic, batched bfloat16 rows multiply a float32 copy. The probes run once per
+process, at load, on weights past the caches; each switches kernels only for one at least 10% faster.
 
 Named after its counterpart, SGLang's ``amx_utils.py``, whose ``_amx_process_weight_after_loading`` packs CPU
 weights for sgl_kernel's AMX GEMMs wherever ``cpu_has_amx_support()``, with no probe and no second copy; its
@@ -211,8 +211,9 @@ def blocked_linear_is_faster(dtype: torch.dtype) -> bool:
     Probed once per process and dtype, on 128 MiB of float32 weights (64 MiB of bfloat16): which kernel streams a
     weight fastest differs from one CPU to another. AMD EPYC Zen 3 (AVX2), a SmolLM2 step's linears and head, ms
     (alternated, median of 5): float32 1 row 16.3 against oneDNN 22.7, 8 rows 25.1 against 34.4; bfloat16 1 row
-    12.0 against ``F.linear`` 16.6, 8 rows 24.8 against the float32 copies' ~35. The kernel has no AVX-512 or AMX
-    paths of its own (ATen's ``Vectorized`` for the ISA Inductor picks), so where oneDNN has them it may lose.
+    12.0 against ``F.linear`` 16.6, 8 rows 24.8 against the float32 copies' ~35. The kernel is plain FMAs over
+    ATen's ``Vectorized`` for the ISA Inductor picks (AVX2 or AVX-512), with no AMX tiles or bfloat16 dot products,
+    so where oneDNN has those it may lose.
     """
     if not cpu_kernels_built():
         return False
