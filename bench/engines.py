@@ -269,7 +269,8 @@ class Engine:
 
     def probes(self) -> dict:
         """The kernel choices this process's probes made at load: an engine's own, which a VM's phase can tip
-        the other way from the parent's (``machine_info``) where a probe's margin is near its 10%."""
+        the other way from the parent's (``machine_info``) where a probe's margin is near its 10%. The blocked
+        copies' probe answers for both dtypes: the one the engine did not load is probed here, after its runs."""
         return {"padded_rows": min_packed_rows(), "blocked_copies": blocked_copies(),
                 "mkl_gemm_copies": mkl_gemm_is_faster()}  # fmt: skip
 

@@ -126,9 +126,11 @@ def test_float32_copies_only_for_bfloat16_cpu_weights_without_bfloat16_arithmeti
         torch.testing.assert_close(on_the_fly, amx_utils.apply_linear(x, bfloat16), atol=0, rtol=2**-7)
 
 
-def packed_with_copy(keep_copy, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """A 48x40 weight, a bias, and the weight as ``prepack_weight`` leaves it, after ``keep_copy``."""
-    weight, bias = torch.randn(48, 40).to(dtype), torch.randn(48).to(dtype)
+def packed_with_copy(
+    keep_copy, dtype: torch.dtype, out_features: int = 48
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """An ``out_features`` x 40 weight, a bias, and the weight as ``prepack_weight`` leaves it, after ``keep_copy``."""
+    weight, bias = torch.randn(out_features, 40).to(dtype), torch.randn(out_features).to(dtype)
     packed = amx_utils.prepack_weight(weight)
     keep_copy(packed, weight)
     return weight, bias, packed
@@ -151,35 +153,38 @@ def assert_copy_read_by(packed, weight, bias, cases, reads_doubled_copy) -> None
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_blocked_copy_serves_few_rows_only_and_matches_plain_linear(monkeypatch, faster, dtype):
     """Where the C++ kernel is the faster (forced either way), a weight of either dtype gets a column-blocked copy
-    (48 features in blocks of the kernel's width, the last zero-padded), and only inputs of up to BLOCKED_MAX_ROWS
-    rows read it. Every row count gives the plain layer's values."""
-    assert cpu_kernels_built()  # this machine has a compiler: the kernels build
+    (50 features in blocks of the kernel's width, 16 or 32, the last zero-padded), and only 2-D inputs of up to
+    BLOCKED_MAX_ROWS rows read it. Every row count gives the plain layer's values."""
     monkeypatch.setattr(amx_utils, "blocked_linear_is_faster", lambda dtype: faster)
-    weight, bias, packed = packed_with_copy(amx_utils.keep_blocked_copy, dtype)
+    weight, bias, packed = packed_with_copy(amx_utils.keep_blocked_copy, dtype, out_features=50)
     assert hasattr(packed, "blocked_weight") == faster
     if faster:
         blocks, features, width = packed.blocked_weight.shape
-        assert features == 40 and blocks == -(-48 // width) and packed.blocked_weight.is_contiguous()
-        assert torch.equal(packed.blocked_weight[0, :, 0], weight[0])  # block 0, column 0: feature 0's weights
-        assert not packed.blocked_weight.flatten(0, 1).T.flatten()[48 * 40 :].any()  # the padding features
+        assert features == 40 and blocks == -(-50 // width) and packed.blocked_weight.is_contiguous()
+        by_feature = packed.blocked_weight.transpose(1, 2).reshape(-1, 40)  # [blocks * width, in]
+        assert torch.equal(by_feature[:50], weight) and not by_feature[50:].any()  # the padding features: zero
         packed.blocked_weight.mul_(2)  # a copy that few rows alone read: doubled, their outputs double
     cases = [(1, False), (1, True), (5, True), (16, False), (17, True), (40, False)]
     assert_copy_read_by(packed, weight, bias, cases, lambda rows: faster and rows <= amx_utils.BLOCKED_MAX_ROWS)
+    x = torch.randn(2, 3, 40).to(dtype)  # 3-D: F.linear's path, whose values the copy would not change
+    torch.testing.assert_close(amx_utils.apply_linear(x, packed), torch.nn.functional.linear(x, weight))
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("threads", [1, 2])
-@pytest.mark.parametrize(("rows", "out_features", "in_features"), [(1, 48, 40), (3, 100, 37), (4, 960, 576), (8, 64, 1536), (13, 33, 7), (40, 17, 300)])  # fmt: skip
-def test_blocked_linear_matches_float64_linear(dtype, threads, rows, out_features, in_features):
-    """The C++ kernel against float64 ``F.linear``: row counts that fill its groups of four or not (and more than
+@pytest.mark.parametrize(("rows", "out_features", "in_features"), [(1, 48, 40), (2, 50, 129), (3, 100, 37), (4, 960, 576), (6, 40, 256), (8, 64, 1536), (13, 33, 7), (14, 70, 130), (40, 17, 300)])  # fmt: skip
+@pytest.mark.parametrize("x_layout", ["contiguous", "strided"])
+def test_blocked_linear_matches_float64_linear(dtype, threads, rows, out_features, in_features, x_layout):
+    """The C++ kernel against float64 ``F.linear``: row counts whose last group of four has 1-4 rows (and more than
     its chunk of 16), feature counts that fill its blocks or not, inputs past one tile of ks (128) or inside one, with
-    a bias and without, on one thread and two. Float32 sums stay within float32 rounding; bfloat16 outputs are the
-    float32 sum rounded once."""
+    a bias and without, a strided input, on one thread and two. Float32 sums stay within float32 rounding; bfloat16
+    outputs are the float32 sum rounded once."""
     assert cpu_kernels_built()
     torch.manual_seed(rows)
     weight = torch.randn(out_features, in_features).to(dtype)
     bias = torch.randn(out_features).to(dtype)
     x = torch.randn(rows, in_features).to(dtype)
+    x = x if x_layout == "contiguous" else x.T.contiguous().T
     blocked = amx_utils.block_weight(weight)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
@@ -194,12 +199,31 @@ def test_blocked_linear_matches_float64_linear(dtype, threads, rows, out_feature
         torch.testing.assert_close(out.double(), ref, **tolerance)
 
 
+def test_blocked_linear_float32_rows_over_a_bfloat16_copy():
+    """Float32 rows over a bfloat16 weight's copy: float32 products of the bfloat16 weights, a float32 output."""
+    assert cpu_kernels_built()
+    torch.manual_seed(0)
+    weight, x = torch.randn(50, 70).bfloat16(), torch.randn(3, 70)
+    out = amx_utils.blocked_linear(x, amx_utils.block_weight(weight), None, 50)
+    assert out.dtype == torch.float32
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
+
+
+def test_blocked_linear_with_no_input_features_gives_the_bias():
+    """K = 0: no tile of ks, yet the sums start at zero, as ``F.linear``'s do."""
+    assert cpu_kernels_built()
+    blocked, bias = amx_utils.block_weight(torch.zeros(20, 0)), torch.arange(20.0)
+    assert torch.equal(amx_utils.blocked_linear(torch.zeros(3, 0), blocked, bias, 20), bias.expand(3, 20))
+
+
 def test_blocked_linear_rejects_a_mismatched_input():
-    """An input whose feature count is not the weight's fails with the two counts, not with a wrong product."""
+    """An input or bias that does not fit the weight fails with the counts, not with a wrong product."""
     assert cpu_kernels_built()
     blocked = amx_utils.block_weight(torch.zeros(8, 6))
     with pytest.raises(RuntimeError, match="x has 5 features, the weight 6"):
         amx_utils.blocked_linear(torch.zeros(2, 5), blocked, None, 8)
+    with pytest.raises(RuntimeError, match="the bias must be a CPU vector of 8 features"):
+        amx_utils.blocked_linear(torch.zeros(2, 6), blocked, torch.zeros(7), 8)
 
 
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemm", "mkl-gemm"])

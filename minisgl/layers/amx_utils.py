@@ -124,7 +124,7 @@ def apply_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | Non
     arithmetic, else ``F.linear``."""
     rows = x.shape[0]
     blocked_weight = getattr(weight, "blocked_weight", None)
-    if blocked_weight is not None and rows <= BLOCKED_MAX_ROWS:  # see keep_blocked_copy
+    if blocked_weight is not None and rows <= BLOCKED_MAX_ROWS and x.dim() == 2:  # see keep_blocked_copy
         return blocked_linear(x, blocked_weight, bias, weight.shape[0])
     if not weight.is_mkldnn:
         if multiplies_in_float32(weight) and rows > 1:
@@ -239,10 +239,11 @@ def keep_blocked_copy(weight_form: torch.Tensor, weight: torch.Tensor) -> None:
     its dtype) a column-blocked copy of ``weight`` for inputs of up to ``BLOCKED_MAX_ROWS`` rows, where
     ``blocked_linear_is_faster``.
 
-    A decode step is a weight read per linear, so its linears' time is the kernel's read rate. The price is a
-    second copy of every linear weight (SmolLM2 float32: +538 MB), the layout a decode reads."""
+    A decode step is a weight read per linear, so its linears' time is the kernel's read rate. The price is one
+    more copy of every linear weight in its dtype (SmolLM2 float32: +538 MB), beside the packed one and any plain
+    float32 (``keep_gemm_copy``) or float32 copy (``keep_float32_copy``) kept for longer inputs."""
     if weight.device.type == "cpu" and weight.dtype in BLOCKED_DTYPES:
-        if blocked_linear_is_faster(weight.dtype):
+        if cpu_kernels_built() and blocked_linear_is_faster(weight.dtype):  # built first, even with the probe forced
             weight_form.blocked_weight = block_weight(weight.detach())
 
 

@@ -4,10 +4,11 @@
 // SGLang's counterpart is sgl-kernel's weight_packed_linear (sgl-kernel/csrc/cpu/gemm.cpp), with its
 // convert_weight_packed: AVX-512 and AMX tiles over VNNI-packed bfloat16/fp8/int8 weights, for any row count.
 //
-// A decode step's linears are a weight read: each weight element is used once per row, and there are 1-8 rows. So
-// the layout is made for reading: the weight is cut into blocks of kCols output features, each block stored [K,
-// kCols] so that one k is one (float32) or half a (bfloat16) cache line, and a thread reads its blocks front to
-// back. Each row's kCols sums stay in registers across K; rows go four at a time (8 accumulators of 16 registers).
+// A decode step's linears are a weight read: each weight element is used once per row, and there are 1-16 rows.
+// So the layout is made for reading: the weight is cut into blocks of kCols output features (two vectors), each
+// block stored [K, kCols], so that on AVX2 one k is one float32 cache line (half a bfloat16 one), and a thread
+// reads its blocks front to back. Each row's kCols sums stay in registers across a tile of 128 ks (carried from
+// tile to tile in L1); rows go four at a time (8 accumulators: half of AVX2's 16 vector registers).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -26,6 +27,7 @@ using Vec = at::vec::Vectorized<float>;
 using BVec = at::vec::Vectorized<c10::BFloat16>;
 constexpr int64_t kVec = Vec::size();
 constexpr int64_t kCols = 2 * kVec;  // output features per block: one bfloat16 vector, two float32 ones
+static_assert(BVec::size() == kCols, "a bfloat16 vector must widen to exactly two float32 vectors");
 constexpr int64_t kRows = 4;         // rows whose sums share a pass over the weights
 constexpr int64_t kChunkRows = 16;   // rows whose partial sums a block keeps at a time
 // Ks per tile: the later row groups read the tile again from L1 (kTileK * kCols floats, 8 KiB on AVX2).
@@ -41,22 +43,23 @@ inline void load_cols(const W* w, Vec& lo, Vec& hi) {
   }
 }
 
-// ROWS rows of x (row stride K) times one block's ks [k0, k1); the sums start at zero (first tile) or at sums.
-// Forced inline: compiled as a call, the accumulators went to memory and 8 rows took 1.8x the time.
+// ROWS rows of x (row stride K, from the tile's first k) times a tile of n ks of one block (w); the sums start at
+// zero (the first tile) or at `sums`. Forced inline: compiled as a call, the accumulators went to memory and 8 rows
+// took 1.8x the time.
 template <int ROWS, typename W>
 __attribute__((always_inline)) inline void
-row_group(const float* x, int64_t K, const W* w, int64_t k0, int64_t k1, float* sums, bool first) {
+row_group(const float* x, int64_t K, const W* w, int64_t n, float* sums, bool first) {
   Vec acc[ROWS][2];
   for (int r = 0; r < ROWS; ++r) {
     acc[r][0] = first ? Vec(0.f) : Vec::loadu(sums + r * kCols);
     acc[r][1] = first ? Vec(0.f) : Vec::loadu(sums + r * kCols + kVec);
   }
-  int64_t k = k0;
+  int64_t k = 0;
   if constexpr (ROWS <= 2) {
     // Few rows are few accumulators, each waiting on its last FMA: a second set, for odd ks, halves that wait.
     Vec odd[ROWS][2];
     for (int r = 0; r < ROWS; ++r) odd[r][0] = odd[r][1] = Vec(0.f);
-    for (; k + 1 < k1; k += 2) {
+    for (; k + 1 < n; k += 2) {
       Vec w0, w1, v0, v1;
       load_cols(w + k * kCols, w0, w1);
       load_cols(w + (k + 1) * kCols, v0, v1);
@@ -70,7 +73,7 @@ row_group(const float* x, int64_t K, const W* w, int64_t k0, int64_t k1, float* 
     }
     for (int r = 0; r < ROWS; ++r) acc[r][0] = acc[r][0] + odd[r][0], acc[r][1] = acc[r][1] + odd[r][1];
   }
-  for (; k < k1; ++k) {
+  for (; k < n; ++k) {
     Vec w0, w1;
     load_cols(w + k * kCols, w0, w1);
     for (int r = 0; r < ROWS; ++r) {
@@ -87,15 +90,15 @@ row_group(const float* x, int64_t K, const W* w, int64_t k0, int64_t k1, float* 
 
 template <typename W>
 __attribute__((always_inline)) inline void
-row_groups(const float* x, int64_t rows, int64_t K, const W* w, int64_t k0, int64_t k1, float* sums) {
+row_groups(const float* x, int64_t rows, int64_t K, const W* w, int64_t n, float* sums, bool first) {
   for (int64_t m = 0; m < rows; m += kRows) {
     const float* xm = x + m * K;
     float* sm = sums + m * kCols;
     switch (std::min(kRows, rows - m)) {
-      case 4: row_group<4>(xm, K, w, k0, k1, sm, k0 == 0); break;
-      case 3: row_group<3>(xm, K, w, k0, k1, sm, k0 == 0); break;
-      case 2: row_group<2>(xm, K, w, k0, k1, sm, k0 == 0); break;
-      default: row_group<1>(xm, K, w, k0, k1, sm, k0 == 0); break;
+      case 4: row_group<4>(xm, K, w, n, sm, first); break;
+      case 3: row_group<3>(xm, K, w, n, sm, first); break;
+      case 2: row_group<2>(xm, K, w, n, sm, first); break;
+      default: row_group<1>(xm, K, w, n, sm, first); break;
     }
   }
 }
@@ -103,15 +106,17 @@ row_groups(const float* x, int64_t rows, int64_t K, const W* w, int64_t k0, int6
 // One block's tile of ks for `rows` rows. Bfloat16 weights read by several row groups are widened once, into L1.
 template <typename W>
 inline void block_tile(const float* x, int64_t rows, int64_t K, const W* block, int64_t k0, int64_t k1, float* sums) {
-  if (std::is_same_v<W, float> || rows <= kRows) return row_groups(x, rows, K, block, k0, k1, sums);
+  const W* tile = block + k0 * kCols;
+  const int64_t n = k1 - k0;
+  if (std::is_same_v<W, float> || rows <= kRows) return row_groups(x + k0, rows, K, tile, n, sums, k0 == 0);
   alignas(64) float wide[kTileK * kCols];
-  for (int64_t i = 0; i < (k1 - k0) * kCols; i += kCols) {
+  for (int64_t i = 0; i < n * kCols; i += kCols) {
     Vec lo, hi;
-    load_cols(block + k0 * kCols + i, lo, hi);
+    load_cols(tile + i, lo, hi);
     lo.store(wide + i);
     hi.store(wide + i + kVec);
   }
-  row_groups<float>(x, rows, K, wide - k0 * kCols, k0, k1, sums);
+  row_groups<float>(x + k0, rows, K, wide, n, sums, k0 == 0);
 }
 
 template <typename W, typename T>
@@ -125,7 +130,9 @@ void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const
       const int64_t cols = std::min(kCols, N - b * kCols);
       for (int64_t m0 = 0; m0 < M; m0 += kChunkRows) {
         const int64_t rows = std::min(kChunkRows, M - m0);
-        for (int64_t k0 = 0; k0 < K; k0 += kTileK) block_tile(x + m0 * K, rows, K, block, k0, std::min(K, k0 + kTileK), sums);
+        // k0 == 0 runs once even where K is 0, so that the sums start at zero
+        for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kTileK)
+          block_tile(x + m0 * K, rows, K, block, k0, std::min(K, k0 + kTileK), sums);
         for (int64_t r = 0; r < rows; ++r) {
           T* out_row = out + (m0 + r) * N + b * kCols;
           for (int64_t c = 0; c < cols; ++c) {
@@ -160,6 +167,8 @@ at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocked, const 
               "blocked_linear: ", out_features, " output features do not fit ", blocked.size(0), " blocks");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "blocked_linear: float32 or bfloat16 inputs only");
+  TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features && bias->device().is_cpu()),
+              "blocked_linear: the bias must be a CPU vector of ", out_features, " features");
   const auto x_float = x.to(at::kFloat).contiguous();  // a decode's few rows: converting them costs nothing
   const int64_t M = x.size(0), K = x.size(1);
   auto out = at::empty({M, out_features}, x.options());
