@@ -224,6 +224,8 @@ def test_blocked_linear_rejects_a_mismatched_input():
         amx_utils.blocked_linear(torch.zeros(2, 5), blocked, None, 8)
     with pytest.raises(RuntimeError, match="the bias must be a CPU vector of 8 features"):
         amx_utils.blocked_linear(torch.zeros(2, 6), blocked, torch.zeros(7), 8)
+    with pytest.raises(RuntimeError, match="the weight must come from block_weight"):
+        amx_utils.blocked_linear(torch.zeros(2, 6), blocked.half(), None, 8)
 
 
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemm", "mkl-gemm"])

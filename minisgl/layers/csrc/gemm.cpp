@@ -159,7 +159,8 @@ at::Tensor block_weight(const at::Tensor& weight) {
 at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocked, const c10::optional<at::Tensor>& bias,
                           int64_t out_features) {
   TORCH_CHECK(x.dim() == 2, "blocked_linear: x must be [rows, in], got ", x.sizes());
-  TORCH_CHECK(blocked.dim() == 3 && blocked.size(2) == kCols && blocked.is_contiguous(),
+  TORCH_CHECK(blocked.dim() == 3 && blocked.size(2) == kCols && blocked.is_contiguous() &&
+                  (blocked.scalar_type() == at::kFloat || blocked.scalar_type() == at::kBFloat16),
               "blocked_linear: the weight must come from block_weight");
   TORCH_CHECK(x.size(1) == blocked.size(1), "blocked_linear: x has ", x.size(1), " features, the weight ",
               blocked.size(1));
