@@ -210,8 +210,8 @@ def blocked_linear_is_faster(dtype: torch.dtype) -> bool:
 
     Probed once per process and dtype, on 128 MiB of float32 weights (64 MiB of bfloat16): which kernel streams a
     weight fastest differs from one CPU to another. AMD EPYC Zen 3 (AVX2), a SmolLM2 step's linears and head, ms
-    (alternated, median of 5): float32 1 row 16.3 against oneDNN 22.7, 8 rows 25.1 against 34.4; bfloat16 1 row
-    12.0 against ``F.linear`` 16.6, 8 rows 24.8 against the float32 copies' ~35. The kernel is plain FMAs over
+    (alternated, median of 5): float32 as in ``BLOCKED_MAX_ROWS``; bfloat16 1 row 12.0 against ``F.linear`` 16.6,
+    8 rows 24.8 against the float32 copies' ~35. The kernel is plain FMAs over
     ATen's ``Vectorized`` for the ISA Inductor picks (AVX2 or AVX-512), with no AMX tiles or bfloat16 dot products,
     so where oneDNN has those it may lose.
     """

@@ -1,4 +1,4 @@
-"""CPU decode attention as one C++ kernel over the paged pool (``csrc/decode.cpp``), built at first use.
+"""CPU decode attention as one C++ kernel over the paged pool (``csrc/decode.cpp``), built when a model loads.
 
 Eager decode on CPU otherwise gathers each request's K/V into a contiguous copy and runs SDPA on it: two passes
 over the K/V and 23 top-level aten calls per layer, K/V write included, against the kernel path's 7 (torch
