@@ -15,6 +15,10 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "sglang/srt/layers/quantization/unquant.py",
     ),
     "minisgl.layers.amx_utils.prepack_weight": ("amx_process_weight_after_loading", "sglang/srt/layers/amx_utils.py"),
+    "minisgl.model_executor.cpu_graph_runner.register_fake_ops": (
+        "register_fake_ops",
+        "sglang/srt/model_executor/cpu_graph_runner.py",
+    ),
     "minisgl.layers.linear.prepack_linear_weights": (
         "UnquantizedLinearMethod.process_weights_after_loading",
         "sglang/srt/layers/quantization/unquant.py",
@@ -654,6 +658,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.amx_utils.traced_gemm_on_plain_weight": "SGLang's compiled CPU graphs run the kernel UnquantizedLinearMethod.apply picked at load (sgl_kernel's weight_packed_linear with AMX, else F.linear, which Inductor may repack); minisgl keeps MKL's GEMM for a compiled long prefill where the probe finds it faster",
     "minisgl.layers.amx_utils.plain_weight_linear": "SGLang's CPUGraphRunner registers fakes for sgl_kernel ops (weight_packed_linear among them) so compiled graphs call them as they are; minisgl wraps F.linear on the plain weight likewise, to keep Inductor's freezing from packing it for oneDNN",
     "minisgl.layers.amx_utils.keep_gemm_copy": "SGLang keeps one weight per linear on CPU; minisgl keeps the plain float32 weight beside the packed one for long prefills where the probe finds MKL faster",
+    "minisgl.layers.linear.keep_blocked_copies": "SGLang packs a compiled model's CPU weights at load as an eager one's (process_weights_after_loading); minisgl's compiled models keep plain weights for Inductor's freezing and only the C++ kernel's blocked copies",
     "minisgl.layers.amx_utils.keep_blocked_copy": "SGLang keeps one packed weight per linear on CPU (convert_weight_packed, AMX only); minisgl adds a column-blocked copy for its C++ kernel at a decode's few rows where the probe finds it faster",
     "minisgl.layers.amx_utils.keep_float32_copy": "SGLang packs CPU weights only where cpu_has_amx_support() (amx_process_weight_after_loading) and otherwise leaves bfloat16 to F.linear (torch's generic kernel on an AVX2-only CPU); minisgl keeps float32 copies on CPUs without bfloat16 arithmetic",
     "minisgl.layers.amx_utils.linear_in_float32": "the product over keep_float32_copy's copy; SGLang's CPU linears call sgl_kernel's weight_packed_linear (AMX) or F.linear",

@@ -13,7 +13,6 @@ import minisgl.layers.attention.tiled_prefill as tiled_prefill
 import minisgl.model_executor.cpu_graph_runner as cpu_graph_runner
 from minisgl.bench_one_batch import decode, extend
 from minisgl.layers import amx_utils
-from minisgl.layers.amx_utils import min_packed_rows
 from minisgl.model_executor.cpu_graph_runner import CPUGraphRunner
 from minisgl.models import llama
 from tests.test_hf_equality import LONG_PROMPTS, PROMPTS, STEPS, hf_model, make_reqs, make_runner, run_greedy
@@ -39,6 +38,11 @@ def compiled_runner(model_path, **kwargs):
     return runner, calls
 
 
+def small_decodes(runner, prompts: list[list[int]]) -> int:
+    """1 where a decode of ``prompts`` runs the runner's tuned small-decode graph (padded to its rows), else 0."""
+    return int(len(prompts) <= (runner.graph_runner.small_decode_rows or 0))
+
+
 def hf_greedy(hf, prompt: list[int], steps: int) -> list[int]:
     out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
     return out[0, len(prompt) :].tolist()
@@ -56,16 +60,17 @@ def compiled(request):
     ids=["batch3", "batch1", "batch6", "batch3-one-length"],
 )
 def test_compiled_matches_hf(compiled, prompts):
-    """Batches of up to min_packed_rows() (1 and 3 with AMX, 1 elsewhere) decode padded to that many rows, in the
-    graph tuned for that shape; the others (6 always) run unpadded in the general graph; prompts of one length
-    extend in one attention call: all must equal HF."""
+    """Where small decodes get the tuned graph (``tunes_small_decodes``), batches of up to its rows (1 and 3 with
+    AMX, 1 elsewhere) decode padded to that many, in that graph; the others (6 always) run unpadded in the general
+    graph, over the C++ kernel's blocked copies where the probe kept them; prompts of one length extend in one
+    attention call: all must equal HF."""
     path, runner, calls = compiled
     before = dict(calls)
     logits, tokens = run_greedy(runner, prompts, steps=STEPS)
     runner.req_to_token_pool.clear()
     runner.token_to_kv_pool_allocator.clear()
     assert calls["extend"] == before["extend"] + 1 and calls["decode"] == before["decode"] + STEPS - 1
-    small = STEPS - 1 if len(prompts) <= min_packed_rows() else 0
+    small = (STEPS - 1) * small_decodes(runner, prompts)
     assert calls["small_decode"] == before["small_decode"] + small
     hf = hf_model(path)
     with torch.no_grad():
@@ -117,18 +122,55 @@ def test_small_decode_graph_logits_match_hf(compiled, monkeypatch, padded_rows):
 
 
 @pytest.mark.parametrize(
-    ("dtype", "amx", "tuned"),
-    [(torch.float32, False, True), (torch.bfloat16, False, False), (torch.bfloat16, True, True)],
-    ids=["float32", "bfloat16-without-amx", "bfloat16-with-amx"],
+    ("dtype", "amx", "blocked", "tuned"),
+    [
+        (torch.float32, False, False, True),
+        (torch.bfloat16, False, False, False),
+        (torch.bfloat16, True, False, True),
+        (torch.float32, True, True, False),
+    ],
+    ids=["float32", "bfloat16-without-amx", "bfloat16-with-amx", "blocked-copies"],
 )
-def test_small_decodes_get_the_tuned_graph_where_it_was_faster(tiny_llama, monkeypatch, dtype, amx, tuned):
+def test_small_decodes_get_the_tuned_graph_where_it_was_faster(tiny_llama, monkeypatch, dtype, amx, blocked, tuned):
     """Float32 small decodes, and 16-bit ones on CPUs with AMX, get the autotuned graph of their own, padded to
-    min_packed_rows(); 16-bit ones without AMX run the general graph unpadded (the tuned one was slower there)."""
+    min_packed_rows(); 16-bit ones without AMX run the general graph unpadded (the tuned one was slower there), and
+    so does every dtype whose linears keep the C++ kernel's blocked copies (nothing left to tune)."""
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
     monkeypatch.setattr(cpu_graph_runner, "min_packed_rows", lambda: 4)  # no probe, and a padding to see
+    monkeypatch.setattr(cpu_graph_runner, "blocked_linear_is_faster", lambda _dtype: blocked)
     graph_runner = make_runner(tiny_llama, enable_torch_compile=True, dtype=dtype).graph_runner
     assert (graph_runner.compiled_small_decode is not graph_runner.compiled_forward) == tuned
     assert graph_runner.small_decode_rows == (4 if tuned else None)
+
+
+@pytest.mark.parametrize("blocked", [True, False], ids=["blocked-copies", "no-copies"])
+def test_compiled_few_rows_call_the_blocked_kernel_where_kept(tiny_llama, monkeypatch, blocked):
+    """Where the probe keeps blocked copies, a compiled decode of up to BLOCKED_MAX_ROWS rows passes every linear
+    and the LM head to the C++ kernel (2 layers x 4 linears + 1, seen by the profiler), and a compiled extend of
+    more rows only its head (3 last tokens); where it keeps none, no graph calls the kernel. Logits match HF."""
+    monkeypatch.setattr(amx_utils, "blocked_linear_is_faster", lambda _dtype: blocked)
+    monkeypatch.setattr(cpu_graph_runner, "blocked_linear_is_faster", lambda _dtype: blocked)
+    runner, calls = compiled_runner(tiny_llama)
+    assert (getattr(runner.model.lm_head.weight, "blocked_weight", None) is not None) == blocked
+    run_greedy(runner, PROMPTS, steps=2)  # compiles the extend and the decode
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    next_ids, _, batch = extend(make_reqs(PROMPTS), runner)
+    with torch.profiler.profile() as extend_profile:
+        extend(make_reqs(PROMPTS), runner)
+    with torch.profiler.profile() as decode_profile:
+        _, logits = decode(next_ids, batch, runner)
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    assert calls == {"extend": 3, "decode": 2, "small_decode": 0}
+    assert sum(len(p) for p in PROMPTS) > amx_utils.BLOCKED_MAX_ROWS
+    for profile, kernel_calls in ((extend_profile, 1), (decode_profile, 2 * 4 + 1)):
+        ops = [event.name for event in profile.events()]
+        assert ops.count("minisgl_cpu::blocked_linear") == kernel_calls * blocked
+    hf = hf_model(tiny_llama)
+    with torch.no_grad():
+        ref = torch.stack([hf(torch.tensor([p + [t]])).logits[0, -1] for p, t in zip(PROMPTS, next_ids.tolist())])
+    torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
 
 
 def test_decode_over_max_bs_runs_eagerly(tiny_llama):
@@ -159,7 +201,7 @@ def test_compiled_bfloat16_close_to_hf(tiny_llama, monkeypatch, multiplies_bfloa
     monkeypatch.setattr(amx_utils, "multiplies_in_float32", spy)
     runner, calls = compiled_runner(tiny_llama, dtype=torch.bfloat16)
     logits, _ = run_greedy(runner, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= min_packed_rows())}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": small_decodes(runner, PROMPTS)}
     assert set(traced) == {not multiplies_bfloat16}  # every bfloat16 linear traced: in float32 exactly when forced
     hf = hf_model(tiny_llama, dtype=torch.bfloat16)
     with torch.no_grad():
@@ -226,7 +268,7 @@ def test_two_models_in_one_process_run_their_own_graphs(tiny_llama):
     second, calls = compiled_runner(tiny_llama, load_format="dummy", random_seed=7)
     run_greedy(first, PROMPTS, steps=2)
     logits, tokens = run_greedy(second, PROMPTS, steps=2)
-    assert calls == {"extend": 1, "decode": 1, "small_decode": int(len(PROMPTS) <= min_packed_rows())}
+    assert calls == {"extend": 1, "decode": 1, "small_decode": small_decodes(second, PROMPTS)}
     ref_logits, ref_tokens = run_greedy(make_runner(tiny_llama, load_format="dummy", random_seed=7), PROMPTS, 2)
     torch.testing.assert_close(logits, ref_logits, atol=1e-4, rtol=0)
     assert tokens == ref_tokens
@@ -247,6 +289,7 @@ def test_every_compiled_graph_drops_the_module_guards(tiny_llama, monkeypatch):
         return keep
 
     monkeypatch.setattr(cpu_graph_runner, "keep_weight_identity_guards", counted)
+    monkeypatch.setattr(cpu_graph_runner, "blocked_linear_is_faster", lambda _dtype: False)  # the tuned graph too
     runner, calls = compiled_runner(tiny_llama)
     run_greedy(runner, PROMPTS[:1], steps=3)
     assert calls == {"extend": 1, "decode": 2, "small_decode": 2}

@@ -76,6 +76,16 @@ def prepack_linear_weights(model: nn.Module) -> None:
             module.weight = packed
 
 
+def keep_blocked_copies(model: nn.Module) -> None:
+    """A compiled model's counterpart of ``prepack_linear_weights``: its weights stay plain (Inductor's freezing
+    packs them for each graph), and each linear weight and the LM head gets only the column-blocked copy
+    (``keep_blocked_copy``), which the graphs of up to ``BLOCKED_MAX_ROWS`` rows pass to the C++ kernel."""
+    for module in model.modules():
+        if isinstance(module, (ReplicatedLinear, RowParallelLinear)):
+            keep_blocked_copy(module.weight, module.weight)
+    keep_blocked_copy(model.lm_head.weight, model.lm_head.weight)
+
+
 class ReplicatedLinear(nn.Module):
     """The same full weight on every rank."""
 

@@ -16,15 +16,18 @@ GEMM, is ~2.5x slower at decode). On CPU, decode batches of fewer than ``min_pac
 to that many rows, as ``apply_linear`` pads its input eagerly (four where a probe finds oneDNN's 4-row kernel
 the faster, only ever on CPUs with AMX; one, so no padding, elsewhere; see ``prepare_replay``), and decodes of
 that many rows run a second graph, compiled with max-autotune for that one shape (see ``__init__``; float32
-always, 16-bit only on CPUs with AMX: ``tunes_small_decodes``). The first
+always, 16-bit only on CPUs with AMX: ``tunes_small_decodes``). Where the linears keep column-blocked copies
+(``keep_blocked_copies``, as a probe decides per dtype), the graphs of up to ``BLOCKED_MAX_ROWS`` rows call minisgl's
+C++ kernel on them as an opaque op instead, and small decodes are neither padded nor tuned. The first
 forward of each graph compiles (about two minutes on two cores for SmolLM2's extend and small decode; later
 processes reuse Inductor's on-disk cache);
 extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
 and so do padded small decodes of one request and of two or three (the rows that attend). An extend past one
 MLP block (``LlamaMLP``) or, where the tiles apply, past one query tile compiles its own graph once, on the other side
-of that length guard. Each graph freezes its own packed copy of the weights, beside the module's plain ones
-that eager batches use (SmolLM2 float32: 1.2 GB RSS loaded, 2.7 after an extend and a batch-1 decode, 3.6
-with the general decode graph too).
+of that length guard. Each graph freezes its own packed copy of the weights it multiplies (not those the C++
+kernel reads), beside the module's plain ones that eager batches use (SmolLM2 float32, RSS in one process after
+load, a 1x128 and an 8x128 run: 2.4, 2.8, 3.0 GB with the blocked copies; 1.8, 3.6, 4.1 without, when every
+decode graph froze a packed copy).
 
 SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
 to the next captured size the same way; prefill stays eager there. Its CUDA counterpart captures CUDA
@@ -34,13 +37,20 @@ graphs, which minisgl does not: on CUDA the same compiled forward runs without g
 from __future__ import annotations
 
 import dataclasses
+import functools
 import warnings
 from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
 
-from minisgl.layers.amx_utils import CPU_MULTIPLIES_BFLOAT16, min_packed_rows, mkl_gemm_is_faster
+from minisgl.layers.amx_utils import (
+    CPU_MULTIPLIES_BFLOAT16,
+    blocked_linear_is_faster,
+    min_packed_rows,
+    mkl_gemm_is_faster,
+)
+from minisgl.layers.cpu_kernels import cpu_kernels_built
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.radix_attention import RadixAttention
 from minisgl.model_executor.forward_batch_info import ForwardBatch
@@ -83,6 +93,18 @@ def profile_compiled_kernels() -> None:
     inductor_config.cpp.enable_kernel_profile = True
 
 
+@functools.cache
+def register_fake_ops() -> None:
+    """Shape-only versions of minisgl's C++ CPU ops that compiled graphs call (``blocked_linear``): dynamo traces
+    them instead of the kernels, which take only concrete sizes, and Inductor calls the kernels as they are. Once
+    per process, where the kernels are built. SGLang's ``register_fake_ops`` registers such fakes for every
+    sgl_kernel CPU op (attention, norms, MoE, quantized GEMMs) and makes Inductor fall back to each."""
+
+    @torch.library.register_fake("minisgl_cpu::blocked_linear")
+    def _(x: torch.Tensor, blocked: torch.Tensor, bias: torch.Tensor | None, out_features: int) -> torch.Tensor:
+        return x.new_empty(x.shape[0], out_features)
+
+
 def keep_weight_identity_guards(guard_entries: list) -> list[bool]:
     """Which of dynamo's guards to check before each compiled call.
 
@@ -110,8 +132,14 @@ def compile_options(**inductor_options) -> dict:
 
 
 def tunes_small_decodes(dtype: torch.dtype) -> bool:
-    """Whether small CPU decodes of ``dtype`` get the max-autotune graph: float32 always; 16-bit only on CPUs with
-    AMX, whose tiles the template's 16-bit kernels multiply in.
+    """Whether small CPU decodes of ``dtype`` get the max-autotune graph: never where the linears keep column-blocked
+    copies (``blocked_linear_is_faster``), whose C++ kernel the graphs of a few rows call instead of any GEMM;
+    else float32 always, and 16-bit only on CPUs with AMX, whose tiles the template's 16-bit kernels multiply in.
+
+    With the copies there is nothing left to tune: SmolLM2 float32 batch 1, 1,128,16, AMD EPYC Zen 3 (AVX2), the
+    two graphs alternated in one process (median of 6), tuned 20.0 against general 19.8 ms/step. Before the copies
+    the tuned graph's GEMM template read the weights as fast as the kernel does (20.0 against 20.9 ms/step with the
+    copies, the same tuned graph).
 
     Without AMX (AVX512-BF16, AMD EPYC Zen 5), the tuned bfloat16 step makes no oneDNN call (the timing picked the
     template) and is slower than the general graph, where oneDNN's packed kernels run the same linears: in-process
@@ -119,6 +147,8 @@ def tunes_small_decodes(dtype: torch.dtype) -> bool:
     12.48 -> 9.19, dummy134 8.00 -> 6.18. Float32 goes the other way there (SmolLM2 8.93 tuned, 25.03 general),
     and bfloat16 did on a Xeon VM with AMX (SmolLM2 at four rows 21.9 -> 19.3 ms/step tuned).
     """
+    if blocked_linear_is_faster(dtype):
+        return False
     return dtype == torch.float32 or torch.cpu._is_amx_tile_supported()
 
 
@@ -126,6 +156,8 @@ class CPUGraphRunner(BaseRunner):
     def __init__(self, model_runner: ModelRunner):
         set_torch_compile_config()
         self.device = model_runner.device
+        if self.device.type == "cpu" and cpu_kernels_built():
+            register_fake_ops()
         self.max_bs = model_runner.server_args.torch_compile_max_bs
         layers = [m for m in model_runner.model.modules() if isinstance(m, RadixAttention)]
         self.attention_layers = sorted(layers, key=lambda layer: layer.layer_id)

@@ -16,7 +16,7 @@ from minisgl.configs.model_config import ModelConfig
 from minisgl.distributed.parallel_state import init_distributed_environment
 from minisgl.layers.attention.cpu_decode import KERNEL_DTYPES, decode_attention_op
 from minisgl.layers.attention.torch_native_backend import TorchNativeAttnBackend
-from minisgl.layers.linear import prepack_linear_weights
+from minisgl.layers.linear import keep_blocked_copies, prepack_linear_weights
 from minisgl.layers.logits_processor import LogitsProcessorOutput
 from minisgl.layers.sampler import Sampler
 from minisgl.layers.vocab_parallel_embedding import prepack_lm_head
@@ -72,9 +72,11 @@ class ModelRunner:
         available = get_available_memory(self.device)
         sa = self.server_args
         self.model = get_model(self.model_config, sa.model_path, sa.load_format, self.device, sa.random_seed)
-        if not sa.enable_torch_compile:  # compiled, Inductor's freezing packs the weights itself
+        if not sa.enable_torch_compile:
             prepack_linear_weights(self.model)
             prepack_lm_head(self.model.lm_head)
+        else:  # compiled, Inductor's freezing packs the weights itself; the C++ kernel's copies not
+            keep_blocked_copies(self.model)
         self.weight_bytes = sum(p.numel() * p.element_size() for p in self.model.parameters())
         self.available_after_load = min(available - self.weight_bytes, get_available_memory(self.device))
 
