@@ -99,7 +99,7 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "sglang/srt/distributed/communication_op.py",
     ),
     "minisgl.layers.activation.SiluAndMul": ("SiluAndMul", "sglang/srt/layers/activation.py"),
-    "minisgl.layers.activation.SiluAndMul.forward": ("SiluAndMul.forward_native", "sglang/srt/layers/activation.py"),
+    "minisgl.layers.activation.SiluAndMul.forward": ("SiluAndMul.forward_cpu", "sglang/srt/layers/activation.py"),
     "minisgl.layers.attention.base_attn_backend.AttentionBackend": (
         "AttentionBackend",
         "sglang/srt/layers/attention/base_attn_backend.py",
@@ -146,7 +146,7 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
     ),
     "minisgl.layers.layernorm.RMSNorm": ("RMSNorm", "sglang/srt/layers/layernorm.py"),
     "minisgl.layers.layernorm.RMSNorm.__init__": ("RMSNorm.__init__", "sglang/srt/layers/layernorm.py"),
-    "minisgl.layers.layernorm.RMSNorm.forward": ("RMSNorm.forward_native", "sglang/srt/layers/layernorm.py"),
+    "minisgl.layers.layernorm.RMSNorm.forward": ("RMSNorm.forward_cpu", "sglang/srt/layers/layernorm.py"),
     "minisgl.layers.linear.ColumnParallelLinear": ("ColumnParallelLinear", "sglang/srt/layers/linear.py"),
     "minisgl.layers.linear.ColumnParallelLinear.__init__": (
         "ColumnParallelLinear.__init__",
@@ -213,7 +213,7 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "sglang/srt/layers/rotary_embedding/base.py",
     ),
     "minisgl.layers.rotary_embedding.RotaryEmbedding.forward": (
-        "RotaryEmbedding.forward_native",
+        "RotaryEmbedding.forward_cpu",
         "sglang/srt/layers/rotary_embedding/base.py",
     ),
     "minisgl.layers.rotary_embedding._rotate": (
@@ -643,7 +643,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.attention.torch_native_backend.DecodeMetadata": "as ExtendMetadata",
     "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend.decode_metadata": "as ExtendMetadata",
     "minisgl.layers.attention.cpu_decode.decode_attention_op": "SGLang's intel_amx backend calls torch.ops.sgl_kernel.decode_attention_cpu from its prebuilt wheel; minisgl answers its own op where cpu_kernels built it, else None (gather + SDPA)",
-    "minisgl.layers.cpu_kernels": "SGLang's sgl_kernel ships its CPU kernels prebuilt in a wheel (sgl-kernel/setup_cpu.py); minisgl builds its two C++ kernels at first use (torch.utils.cpp_extension) and keeps its aten paths where they cannot be built",
+    "minisgl.layers.cpu_kernels": "SGLang's sgl_kernel ships its CPU kernels prebuilt in a wheel (sgl-kernel/setup_cpu.py); minisgl builds its C++ kernels (decode attention, the decode linear, RMSNorm, SiluAndMul, RoPE) at first use (torch.utils.cpp_extension) and keeps its aten paths where they cannot be built",
     "minisgl.layers.attention.cpu_decode.uses_decode_kernel": "SGLang runs its CPU kernels when --attention-backend is intel_amx; minisgl runs its decode kernel for every eager CPU decode where it is built",
     "minisgl.layers.attention.tiled_prefill.prefers_tiles": "SGLang's CPU extend always runs its one C++ kernel; minisgl picks tiles or SDPA per extend, by CPU, dtype and size",
     "minisgl.layers.attention.tiled_prefill._causal_bias": "helper of causal_prefill_attention; SGLang's C++ extend kernel masks inside its loops",

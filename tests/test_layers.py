@@ -1,50 +1,128 @@
-"""RMSNorm and SiluAndMul against transformers' own modules, including their in-place contract.
+"""RMSNorm, SiluAndMul and RoPE against transformers' own modules, including their in-place contracts, on both eager
+CPU paths (the C++ kernels and aten's ops); then the linear layers' kernels against ``F.linear``.
 
 RMSNorm(x, residual) must return HF's ``LlamaRMSNorm(x + residual)`` and leave the sum in ``residual`` (as SGLang's
-``fused_add_rmsnorm`` does); SiluAndMul must equal HF's ``silu(gate) * up``, bit for bit in both dtypes (compiled,
-float32 within an ulp).
+``fused_add_rmsnorm`` does); SiluAndMul must equal HF's ``silu(gate) * up`` and RoPE HF's ``apply_rotary_pos_emb``,
+bit for bit in both dtypes (compiled SiluAndMul, float32 within an ulp; the RMSNorm kernel within its sum's rounding,
+aten's RoPE within its addcmul's).
 """
 
 from __future__ import annotations
 
 import pytest
 import torch
+from transformers import LlamaConfig
 from transformers.activations import ACT2FN
-from transformers.models.llama.modeling_llama import LlamaRMSNorm
+from transformers.models.llama.modeling_llama import LlamaRMSNorm, LlamaRotaryEmbedding, apply_rotary_pos_emb
 
-from minisgl.layers import amx_utils, linear
+from minisgl.layers import activation, amx_utils, layernorm, linear, rotary_embedding
 from minisgl.layers.activation import SiluAndMul
 from minisgl.layers.cpu_kernels import cpu_kernels_built
 from minisgl.layers.layernorm import RMSNorm
+from minisgl.layers.rotary_embedding import get_rope
 from minisgl.model_executor.cpu_graph_runner import set_torch_compile_config
 
 
+@pytest.fixture(params=["kernel", "aten"])
+def elementwise_path(request, monkeypatch):
+    """The two eager CPU paths of RMSNorm, SiluAndMul and RoPE: minisgl's C++ kernels, and aten's ops (the path of
+    traced graphs, of CUDA, and of CPUs where the kernels cannot be built)."""
+    if request.param == "kernel":
+        assert cpu_kernels_built()
+    else:
+        for module in (layernorm, activation, rotary_embedding):
+            monkeypatch.setattr(module, "uses_cpu_kernels", lambda x: False)
+    return request.param
+
+
+def assert_matches_hf_rmsnorm(out, expected, path):
+    """aten's ops are HF's, bit for bit. The kernel adds the squares in another order, so float32 moves by an ulp or
+    two (of the mean square, then of each output); bfloat16 by one of its own ulps where that crosses a rounding."""
+    if path == "aten":
+        assert torch.equal(out, expected)
+    elif out.dtype == torch.float32:
+        torch.testing.assert_close(out, expected, rtol=3 * 2**-23, atol=1e-30)
+    else:
+        torch.testing.assert_close(out, expected, rtol=2**-8, atol=1e-30)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 300], ids=["1-row", "7-rows", "300-rows-threaded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rmsnorm_matches_hf_and_updates_residual_in_place(dtype):
-    torch.manual_seed(0)
-    hidden = 96
+def test_rmsnorm_matches_hf_and_updates_residual_in_place(elementwise_path, dtype, rows):
+    torch.manual_seed(rows)
+    hidden = 576
     ours, hf = RMSNorm(hidden, eps=1e-5).to(dtype), LlamaRMSNorm(hidden, eps=1e-5).to(dtype)
     weight = torch.randn(hidden, dtype=dtype)
     ours.weight.data.copy_(weight)
     hf.weight.data.copy_(weight)
-    x, residual = torch.randn(7, hidden, dtype=dtype), torch.randn(7, hidden, dtype=dtype)
+    x, residual = torch.randn(rows, hidden, dtype=dtype) * 3, torch.randn(rows, hidden, dtype=dtype)
 
-    assert torch.equal(ours(x), hf(x))
+    assert_matches_hf_rmsnorm(ours(x), hf(x), elementwise_path)
 
     expected_sum = x + residual
     x_before = x.clone()
     out, new_residual = ours(x, residual)
     assert new_residual is residual and torch.equal(residual, expected_sum)
     assert torch.equal(x, x_before)  # the layer output passed in is read, not written
-    assert torch.equal(out, hf(expected_sum))
+    assert_matches_hf_rmsnorm(out, hf(expected_sum), elementwise_path)
+
+
+def test_rmsnorm_kernel_normalizes_strided_heads():
+    """Qwen3's per-head norm gets views of the qkv output ([tokens, heads, head_dim], rows strided): the kernel
+    normalizes each head's row as HF does on the same values made contiguous."""
+    torch.manual_seed(0)
+    qkv = torch.randn(5, 3 * 4 * 32)
+    heads = qkv[:, 32:160].view(5, 4, 32)
+    ours, hf = RMSNorm(32, eps=1e-6), LlamaRMSNorm(32, eps=1e-6)
+    assert_matches_hf_rmsnorm(ours(heads), hf(heads.contiguous()), "kernel")
+
+
+@pytest.mark.parametrize("rows", [1, 5, 300], ids=["1-row", "5-rows", "300-rows-threaded"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_silu_and_mul_matches_hf(elementwise_path, dtype, rows):
+    """Both paths are HF's ``silu(gate) * up`` bit for bit: the kernel computes silu with aten's formula on the same
+    vector exp (and aten's scalar one for a row's tail: 200 is no multiple of a vector) and rounds where HF rounds."""
+    torch.manual_seed(0)
+    gate_up = torch.randn(rows, 2 * 200, dtype=dtype) * 4
+    gate, up = gate_up.clone().chunk(2, dim=-1)
+    assert torch.equal(SiluAndMul()(gate_up), ACT2FN["silu"](gate) * up)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_silu_and_mul_matches_hf(dtype):
+def test_rope_matches_hf_in_place_on_qkv_views(elementwise_path, dtype):
+    """RoPE on q and k as the attention layer passes them, views into the qkv output, against HF's own rotary
+    embedding and ``apply_rotary_pos_emb`` on copies, llama3 scaling included: the kernel rounds each product where
+    HF does, so it is equal bit for bit, and rotates the views in place; aten's path is within its rounding."""
+    config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+                         rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
+                                          "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+                                          "original_max_position_embeddings": 64})  # fmt: skip
     torch.manual_seed(0)
-    gate_up = torch.randn(5, 2 * 64, dtype=dtype)
-    gate, up = gate_up.clone().chunk(2, dim=-1)
-    assert torch.equal(SiluAndMul()(gate_up), ACT2FN["silu"](gate) * up)
+    tokens, head_dim = 37, 64
+    positions = torch.randint(0, 512, (tokens,))
+    qkv = torch.randn(tokens, (4 + 2 + 2) * head_dim, dtype=dtype)
+    q, k, _ = qkv.split([4 * head_dim, 2 * head_dim, 2 * head_dim], dim=-1)
+    q, k = q.reshape(tokens, 4, head_dim), k.reshape(tokens, 2, head_dim)
+    hf_q, hf_k = q.transpose(0, 1)[None].clone(), k.transpose(0, 1)[None].clone()  # HF's [batch, heads, tokens, dim]
+    cos, sin = LlamaRotaryEmbedding(config)(hf_q, positions[None])
+    hf_q, hf_k = apply_rotary_pos_emb(hf_q, hf_k, cos.to(dtype), sin.to(dtype))
+
+    out_q, out_k = get_rope(config, head_dim, 512)(positions, q, k)
+    expected_q, expected_k = hf_q[0].transpose(0, 1), hf_k[0].transpose(0, 1)
+    if elementwise_path == "kernel":
+        assert torch.equal(out_q, expected_q) and torch.equal(out_k, expected_k)
+        assert out_q.data_ptr() == q.data_ptr() and torch.equal(qkv[:, : 4 * head_dim].view(tokens, 4, -1), out_q)
+    else:  # addcmul rounds the sum and the second product once
+        tolerance = {"rtol": 2**-22, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-2}
+        torch.testing.assert_close(out_q, expected_q, **tolerance)
+        torch.testing.assert_close(out_k, expected_k, **tolerance)
+
+
+def test_rope_kernel_refuses_a_position_outside_its_table():
+    rope = get_rope(LlamaConfig(hidden_size=64, num_attention_heads=1, max_position_embeddings=16), 64, 16)
+    q = k = torch.zeros(1, 1, 64)
+    with pytest.raises(RuntimeError, match="position 16 is outside the 16-position table"):
+        rope(torch.tensor([16]), q, k)
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -1,5 +1,5 @@
-"""SiluAndMul: ``silu(gate) * up`` on the fused gate_up output, which it overwrites when run eagerly (SGLang uses a
-fused kernel on GPUs)."""
+"""SiluAndMul: ``silu(gate) * up`` on the fused gate_up output. Eagerly on CPU one C++ kernel (``csrc/activation.cpp``);
+elsewhere aten's ops, which overwrite the gate half when run eagerly (SGLang uses fused kernels on GPUs and CPUs)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,15 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from minisgl.layers.cpu_kernels import uses_cpu_kernels
+
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if uses_cpu_kernels(
+            x
+        ):  # one pass instead of chunk, silu and mul: three launches, each longer than a decode row
+            return torch.ops.minisgl_cpu.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         if torch.compiler.is_compiling():
             # Traced, an in-place silu on a view of x becomes a write back into x, and Inductor's fused kernel then

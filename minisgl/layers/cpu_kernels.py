@@ -1,8 +1,10 @@
 """minisgl's C++ CPU kernels, built from ``csrc`` sources into one extension at first use.
 
-Two kernels live there: decode attention over the paged pool (``attention/csrc/decode.cpp``, called through
-``attention/cpu_decode.py``) and the linear product for a decode step's few rows (``csrc/gemm.cpp``, called through
-``amx_utils.py``). The build (``torch.utils.cpp_extension`` with ninja, ~15 s, cached under
+The kernels there: decode attention over the paged pool (``attention/csrc/decode.cpp``, called through
+``attention/cpu_decode.py``), the linear product for a decode step's few rows (``csrc/gemm.cpp``, called through
+``amx_utils.py``), and the eager forward's elementwise layers, each one pass over its rows where aten launches
+several kernels: RMSNorm with the residual add (``csrc/norm.cpp``), SiluAndMul (``csrc/activation.cpp``) and RoPE
+(``csrc/rope.cpp``). The build (``torch.utils.cpp_extension`` with ninja, ~15 s, cached under
 ``~/.cache/torch_extensions`` until a source or torch changes) uses the vector ISA TorchInductor picks for this CPU
 (ATen's scalar ``Vectorized`` where it picks none). Where no C++ compiler works, one line on stderr says so and
 each caller keeps its aten path (gather + SDPA; oneDNN, MKL or ``F.linear``).
@@ -18,8 +20,12 @@ import os
 import re
 import sys
 
+import torch
+
 HERE = os.path.dirname(__file__)
-SOURCES = [os.path.join(HERE, "attention", "csrc", "decode.cpp"), os.path.join(HERE, "csrc", "gemm.cpp")]
+SOURCES = [os.path.join(HERE, "attention", "csrc", "decode.cpp")] + [
+    os.path.join(HERE, "csrc", name) for name in ("gemm.cpp", "norm.cpp", "activation.cpp", "rope.cpp")
+]
 
 
 @functools.cache
@@ -31,7 +37,9 @@ def cpu_kernels_built() -> bool:
         from torch.utils import cpp_extension
 
         isa = pick_vec_isa()  # probes the compiler; falsy where no vector ISA builds (ATen's scalar Vectorized then)
-        flags = ["-O3", "-fopenmp"]
+        # No contraction of a multiply and an add into one FMA: the elementwise kernels round each product where
+        # HF does (the GEMM and attention kernels ask for their FMAs explicitly).
+        flags = ["-O3", "-fopenmp", "-ffp-contract=off"]
         if isa:
             flags += [f"-D{macro}" for macro in isa.build_macro()] + isa.build_arch_flags().split()
         cpp_extension.load(
@@ -44,8 +52,15 @@ def cpu_kernels_built() -> bool:
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: each leaves the aten paths
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(
-            f"minisgl: CPU kernels not built ({first_line}); decode attention uses SDPA, linears oneDNN/MKL",
+            f"minisgl: CPU kernels not built ({first_line}); decode attention uses SDPA, linears oneDNN/MKL, "
+            "norms, activation and RoPE aten's ops",
             file=sys.stderr,
         )
         return False
     return True
+
+
+def uses_cpu_kernels(x: torch.Tensor) -> bool:
+    """Whether an eager layer on ``x`` runs its C++ elementwise kernel (norm, activation, RoPE): on CPU, where they
+    are built. Traced, the layers keep aten's ops, which the compiler fuses into its own loops."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling() and cpu_kernels_built()

@@ -1,7 +1,8 @@
 """Rotary position embedding (neox style, as Llama/Qwen use) with a cached cos/sin table.
 
 The inverse frequencies come from transformers' own RoPE initialisers (default, linear, llama3, yarn;
-others are refused), so scaled variants match HF exactly. SGLang's ``rotary_embedding/`` package implements each
+others are refused), so scaled variants match HF exactly. Eagerly on CPU the rotation is one C++ kernel in place
+(``csrc/rope.cpp``); traced, on CUDA, or where the kernels cannot be built, aten's ops. SGLang's ``rotary_embedding/`` package implements each
 variant itself, plus mrope, dual-chunk and fused rope+KV-store kernels.
 """
 
@@ -12,6 +13,7 @@ from torch import nn
 from transformers import PretrainedConfig
 from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
 
+from minisgl.layers.cpu_kernels import uses_cpu_kernels
 from minisgl.utils.common import InputError
 
 
@@ -26,6 +28,11 @@ class RotaryEmbedding(nn.Module):
         self._positions, self._positions_version, self._cos_sin = None, None, None
 
     def forward(self, positions: torch.Tensor, q: torch.Tensor, k: torch.Tensor):
+        if uses_cpu_kernels(q):
+            # q and k rotated in place, where aten needs a cos/sin lookup and three kernels per tensor, each longer
+            # to launch than a decode token's few heads take; q and k are views into the qkv output, which is fresh.
+            torch.ops.minisgl_cpu.rotary_embedding(positions, q, k, self.cos_cached, self.sin_cached)
+            return q, k
         if torch.compiler.is_compiling():
             # The compiler fuses the lookup into the rotation; a cache keyed on tensor identity would only add
             # guards that fail (and recompile) at every step.
