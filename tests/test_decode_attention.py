@@ -147,8 +147,8 @@ def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_
     """The C++ kernel alone: lengths that end inside a score tile and span several chunks of positions (so chunks
     are combined, one request ends chunks before the longest), or many requests of two chunks each (combined in
     parallel at 9 heads of 64); scattered slots; head dims with a remainder past whole vectors (24 on AVX-512, 20
-    on AVX2) or of several register blocks (128 on AVX2); q a strided view, as the qkv projection's split leaves it;
-    one and two threads."""
+    on AVX2) or of several register blocks (128 on AVX2); q and the new K/V, which the kernel writes into the pools
+    first, strided views, as the qkv projection's split leaves them; one and two threads."""
     assert cpu_decode.decode_attention_op() is not None  # this machine has a compiler: the kernel builds
     gen = torch.Generator().manual_seed(1)
     num_slots = 9100
@@ -161,18 +161,36 @@ def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_
         slots_per_request.append(slots[start : start + seq_len].long())
         start += seq_len
     qkv = torch.randn(len(seq_lens), (heads + 2 * kv_heads) * head_dim, generator=gen).to(dtype)
-    q = qkv[:, : heads * head_dim].view(len(seq_lens), heads, head_dim)  # not contiguous
+    q, new_k, new_v = (part.view(len(seq_lens), -1, head_dim)  # views, not contiguous
+                       for part in qkv.split([heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1))  # fmt: skip
+    # Each request's newest slot gets the step's K/V: the kernel writes them where set_kv_buffer would.
+    loc = torch.stack([request_slots[-1] for request_slots in slots_per_request])
+    expected_k, expected_v = k_buffer.clone(), v_buffer.clone()
+    expected_k[loc], expected_v[loc] = new_k, new_v
     scale = head_dim**-0.5
     previous = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
-        out = decode_attention_cpu(q, k_buffer, v_buffer, kv_indices, torch.tensor(seq_lens), scale)
+        out = decode_attention_cpu(
+            q, k_buffer, v_buffer, kv_indices, torch.tensor(seq_lens), scale, (new_k, new_v, loc)
+        )
     finally:
         torch.set_num_threads(previous)
-    expected = naive_decode_attention(q, k_buffer, v_buffer, slots_per_request, heads // kv_heads, scale)
+    assert torch.equal(k_buffer, expected_k) and torch.equal(v_buffer, expected_v)
+    expected = naive_decode_attention(q, expected_k, expected_v, slots_per_request, heads // kv_heads, scale)
     assert out.dtype == dtype and out.shape == q.shape
     tolerance = 1e-5 if dtype == torch.float32 else 2e-2  # bfloat16 output rounding
     torch.testing.assert_close(out.double(), expected, atol=tolerance, rtol=tolerance)
+
+
+def test_cpu_decode_kernel_refuses_a_slot_outside_the_pool():
+    pool = torch.zeros(4, 1, 8)
+    assert cpu_decode.decode_attention_op() is not None
+    new_kv = (torch.ones(1, 1, 8), torch.ones(1, 1, 8), torch.tensor([4]))
+    with pytest.raises(RuntimeError, match="KV slot 4 is outside the 4-slot pool"):
+        decode_attention_cpu(torch.zeros(1, 1, 8), pool, pool, torch.zeros(1, 2, dtype=torch.int32),
+                             torch.tensor([2]), 1.0, new_kv)  # fmt: skip
+    assert not pool.any()
 
 
 def test_cpu_decode_kernel_rejects_a_wrong_index_dtype():

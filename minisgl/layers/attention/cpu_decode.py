@@ -14,8 +14,9 @@ ms/step, 8x128 39.4 vs 38.3).
 It is built with minisgl's other C++ CPU kernels (``cpu_kernels.py``); where they cannot be built, decode attention
 stays on gather + SDPA.
 
-SGLang's CPU backend (``intel_amx_backend.py``) calls sgl-kernel's prebuilt ``decode_attention_cpu`` likewise,
-which also writes the new K/V into the pool and has AMX paths.
+The kernel also writes the step's new K/V into the pool, in place of ``set_kv_buffer``'s two ``index_put`` calls per
+layer. SGLang's CPU backend (``intel_amx_backend.py``) calls sgl-kernel's prebuilt ``decode_attention_cpu`` likewise,
+which writes the new K/V too and has AMX paths.
 """
 
 from __future__ import annotations
@@ -45,11 +46,15 @@ def decode_attention_cpu(
     kv_indices: torch.Tensor,
     seq_lens: torch.Tensor,
     scale: float,
+    new_kv: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """Attention of each request's one query row over its first ``seq_lens[i]`` slots in ``kv_indices[i]``.
 
     q ``[batch, heads, head_dim]``; k_buffer, v_buffer ``[slots, kv_heads, head_dim]`` (a layer's pool, heads
-    sharing a KV head in groups); kv_indices int32 ``[batch, >= max(seq_lens)]``. Returns q's shape and dtype.
+    sharing a KV head in groups); kv_indices int32 ``[batch, >= max(seq_lens)]``. ``new_kv``, the step's
+    ``(key, value, loc)`` (``[batch, kv_heads, head_dim]`` each, int64 slots), is written into the pools first, as
+    ``set_kv_buffer`` would. Returns q's shape and dtype.
     The op must be loaded: ``uses_decode_kernel`` answered True (``decode_attention_op`` returned the op) first.
     """
-    return torch.ops.minisgl_cpu.decode_attention(q, k_buffer, v_buffer, kv_indices, seq_lens, scale)
+    key, value, loc = new_kv if new_kv is not None else (None, None, None)
+    return torch.ops.minisgl_cpu.decode_attention(q, k_buffer, v_buffer, key, value, loc, kv_indices, seq_lens, scale)

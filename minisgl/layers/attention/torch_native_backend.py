@@ -258,8 +258,20 @@ class TorchNativeAttnBackend(AttentionBackend):
 
     def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch) -> torch.Tensor:
         pool = forward_batch.token_to_kv_pool
-        pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         meta: DecodeMetadata = self.forward_metadata
+        if not torch.compiler.is_compiling() and self.use_decode_kernel and uses_decode_kernel(q):
+            # The pool read in place by one C++ kernel, which first writes this step's K/V into it.
+            out = decode_attention_cpu(
+                q.view(meta.kv_indices.shape[0], layer.tp_q_head_num, layer.head_dim),
+                pool.get_key_buffer(layer.layer_id),
+                pool.get_value_buffer(layer.layer_id),
+                meta.kv_indices,
+                forward_batch.seq_lens,
+                layer.scaling,
+                (k, v, forward_batch.out_cache_loc),
+            )
+            return out.view(meta.kv_indices.shape[0], -1)
+        pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
         (batch, seq_len), kv_heads, head_dim = meta.kv_indices.shape, layer.tp_k_head_num, layer.head_dim
         buffers = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
         # The query heads that share a KV head become that head's query rows, so each K/V block is read once
@@ -276,15 +288,6 @@ class TorchNativeAttnBackend(AttentionBackend):
             # A/B, ms/step: 15.5 -> 14.8 at 128 tokens, 18.8 -> 16.1 at 512, 31.0 -> 21.9 at 2048.
             out = fused_decode_attention(queries[:batch], *buffers, meta.kv_indices, meta.valid, layer.scaling)
             return F.pad(out.reshape(batch, -1), (0, 0, 0, q.shape[0] - batch))
-        if self.use_decode_kernel and uses_decode_kernel(q):  # the pool read in place by one C++ kernel
-            out = decode_attention_cpu(
-                q.view(batch, layer.tp_q_head_num, head_dim),
-                *buffers,
-                meta.kv_indices,
-                forward_batch.seq_lens,
-                layer.scaling,
-            )
-            return out.view(batch, -1)
         on_cpu, half = q.device.type == "cpu", buffers[0].dtype != torch.float32
         # CPU SDPA's 16-bit kernel is fast for several query rows on contiguous [seq, head_dim] blocks (grouped
         # heads; SmolLM2 bf16 batch 32: 133 -> 100 ms/step) and slow for one query row, where float32 is faster,

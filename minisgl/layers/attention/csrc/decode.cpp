@@ -2,8 +2,9 @@
 // values, read in place through the request's row of KV slots. Built with gemm.cpp by cpu_kernels.py and called
 // through cpu_decode.py, vectorized with ATen's Vectorized<float> for the ISA TorchInductor picks.
 //
-// SGLang's counterpart is sgl-kernel's decode_attention_cpu (sgl-kernel/csrc/cpu/decode.cpp), which also writes
-// the new K/V, caps logits, and has AVX-512/AMX paths for bfloat16, fp8 and MLA.
+// It first writes the step's new K/V into the pools when given them (key, value, loc), as SGLang's counterpart,
+// sgl-kernel's decode_attention_cpu (sgl-kernel/csrc/cpu/decode.cpp), does; that one also caps logits and has
+// AVX-512/AMX paths for bfloat16, fp8 and MLA.
 //
 // The work is split into (request, chunk of positions) units, so that one long request still keeps every thread
 // busy (flash-decoding's split): each unit computes its chunk's scores, its own max and exp-sum, and the weighted
@@ -220,8 +221,33 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
   }
 }
 
-at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, const at::Tensor& v_buffer,
-                            const at::Tensor& kv_indices, const at::Tensor& seq_lens, double scale) {
+// Each request's new K/V row (key/value [batch, kv_heads, head_dim], head_dim contiguous) into its slot loc[b], in
+// place in the pools, as set_kv_buffer writes it: here instead of two index_put calls per layer, each a launch that
+// costs more than a decode's few rows take to copy.
+template <typename T>
+void write_new_kv(at::Tensor& k_buffer, at::Tensor& v_buffer, const at::Tensor& key, const at::Tensor& value,
+                  const at::Tensor& loc) {
+  const int64_t batch = key.size(0), kv_heads = key.size(1), head_dim = key.size(2);
+  const int64_t slots = k_buffer.size(0), slot_stride = k_buffer.stride(0);
+  const int64_t* slot = loc.data_ptr<int64_t>();
+  for (int64_t b = 0; b < batch; ++b) {
+    TORCH_CHECK(slot[b] >= 0 && slot[b] < slots, "decode_attention: KV slot ", slot[b], " is outside the ", slots,
+                "-slot pool");
+    auto write = [&](const at::Tensor& source, at::Tensor& pool) {
+      const T* from = source.data_ptr<T>() + b * source.stride(0);
+      T* to = pool.data_ptr<T>() + slot[b] * slot_stride;
+      for (int64_t h = 0; h < kv_heads; ++h)
+        std::copy(from + h * source.stride(1), from + h * source.stride(1) + head_dim, to + h * head_dim);
+    };
+    write(key, k_buffer);
+    write(value, v_buffer);
+  }
+}
+
+at::Tensor decode_attention(const at::Tensor& q, at::Tensor k_buffer, at::Tensor v_buffer,
+                            const c10::optional<at::Tensor>& key, const c10::optional<at::Tensor>& value,
+                            const c10::optional<at::Tensor>& loc, const at::Tensor& kv_indices,
+                            const at::Tensor& seq_lens, double scale) {
   TORCH_CHECK(q.dim() == 3 && k_buffer.dim() == 3 && v_buffer.dim() == 3,
               "q [batch, heads, head_dim], pools [slots, kv_heads, head_dim]");
   TORCH_CHECK(q.scalar_type() == k_buffer.scalar_type() && q.scalar_type() == v_buffer.scalar_type(),
@@ -236,6 +262,21 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, con
   TORCH_CHECK(seq_lens.scalar_type() == at::kLong && seq_lens.is_contiguous(), "seq_lens: int64");
   TORCH_CHECK(kv_indices.size(0) == q.size(0) && seq_lens.numel() == q.size(0),
               "one row of kv_indices and one seq_len per request");
+  TORCH_CHECK(key.has_value() == value.has_value() && key.has_value() == loc.has_value(),
+              "decode_attention: key, value and loc come together (the new K/V and their slots) or not at all");
+  if (key.has_value()) {
+    for (const at::Tensor* kv : {&*key, &*value})
+      TORCH_CHECK(kv->dim() == 3 && kv->size(0) == q.size(0) && kv->size(1) == k_buffer.size(1) &&
+                      kv->size(2) == k_buffer.size(2) && kv->stride(2) == 1 &&
+                      kv->scalar_type() == k_buffer.scalar_type(),
+                  "decode_attention: the new key and value must be [batch, kv_heads, head_dim] in the pools' dtype");
+    TORCH_CHECK(loc->scalar_type() == at::kLong && loc->is_contiguous() && loc->numel() == q.size(0),
+                "decode_attention: loc must be one int64 slot per request");
+    if (q.scalar_type() == at::kFloat)
+      write_new_kv<float>(k_buffer, v_buffer, *key, *value, *loc);
+    else
+      write_new_kv<c10::BFloat16>(k_buffer, v_buffer, *key, *value, *loc);
+  }
   const at::Tensor q_rows = q.contiguous();
   at::Tensor out = at::empty(q_rows.sizes(), q_rows.options());
   if (q.scalar_type() == at::kFloat) {
@@ -250,8 +291,8 @@ at::Tensor decode_attention(const at::Tensor& q, const at::Tensor& k_buffer, con
 
 TORCH_LIBRARY_FRAGMENT(minisgl_cpu, m) {
   m.def(
-      "decode_attention(Tensor q, Tensor k_buffer, Tensor v_buffer, Tensor kv_indices, Tensor seq_lens, float scale)"
-      " -> Tensor");
+      "decode_attention(Tensor q, Tensor(a!) k_buffer, Tensor(b!) v_buffer, Tensor? key, Tensor? value, Tensor? loc,"
+      " Tensor kv_indices, Tensor seq_lens, float scale) -> Tensor");
 }
 
 TORCH_LIBRARY_IMPL(minisgl_cpu, CPU, m) { m.impl("decode_attention", &decode_attention); }
