@@ -27,6 +27,12 @@ CONDITIONAL = {
         "minisgl.layers.vocab_parallel_embedding.VocabParallelEmbedding.forward",
         "minisgl.distributed.parallel_state.tensor_model_parallel_all_reduce",
     ): "only with tensor parallelism (tp_size > 1)",
+    **{
+        ("minisgl.layers.rotary_embedding.RotaryEmbedding.forward", f"minisgl.layers.rotary_embedding.{callee}"): (
+            "aten's RoPE: traced, on CUDA, or without the C++ kernels (tests/test_layers.py runs it on CPU)"
+        )
+        for callee in ("RotaryEmbedding._lookup", "_rotate")
+    },
     (
         "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather_kv",
         "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._workspace",
