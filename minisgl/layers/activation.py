@@ -12,9 +12,8 @@ from minisgl.layers.cpu_kernels import uses_cpu_kernels
 
 class SiluAndMul(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if uses_cpu_kernels(
-            x
-        ):  # one pass instead of chunk, silu and mul: three launches, each longer than a decode row
+        # One pass instead of chunk, silu and mul: three launches, each longer than a decode row takes.
+        if uses_cpu_kernels(x):
             return torch.ops.minisgl_cpu.silu_and_mul(x)
         gate, up = x.chunk(2, dim=-1)
         if torch.compiler.is_compiling():

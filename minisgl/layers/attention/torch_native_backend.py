@@ -259,10 +259,11 @@ class TorchNativeAttnBackend(AttentionBackend):
     def forward_decode(self, q, k, v, layer: RadixAttention, forward_batch: ForwardBatch) -> torch.Tensor:
         pool = forward_batch.token_to_kv_pool
         meta: DecodeMetadata = self.forward_metadata
+        (batch, seq_len), kv_heads, head_dim = meta.kv_indices.shape, layer.tp_k_head_num, layer.head_dim
         if not torch.compiler.is_compiling() and self.use_decode_kernel and uses_decode_kernel(q):
             # The pool read in place by one C++ kernel, which first writes this step's K/V into it.
             out = decode_attention_cpu(
-                q.view(meta.kv_indices.shape[0], layer.tp_q_head_num, layer.head_dim),
+                q.view(batch, layer.tp_q_head_num, head_dim),
                 pool.get_key_buffer(layer.layer_id),
                 pool.get_value_buffer(layer.layer_id),
                 meta.kv_indices,
@@ -270,9 +271,8 @@ class TorchNativeAttnBackend(AttentionBackend):
                 layer.scaling,
                 (k, v, forward_batch.out_cache_loc),
             )
-            return out.view(meta.kv_indices.shape[0], -1)
+            return out.view(batch, -1)
         pool.set_kv_buffer(layer.layer_id, forward_batch.out_cache_loc, k, v)
-        (batch, seq_len), kv_heads, head_dim = meta.kv_indices.shape, layer.tp_k_head_num, layer.head_dim
         buffers = pool.get_key_buffer(layer.layer_id), pool.get_value_buffer(layer.layer_id)
         # The query heads that share a KV head become that head's query rows, so each K/V block is read once
         # per group of heads instead of once per head.
