@@ -184,13 +184,25 @@ def test_cpu_decode_kernel_matches_naive_attention(dtype, heads, kv_heads, head_
 
 
 def test_cpu_decode_kernel_refuses_a_slot_outside_the_pool():
+    """A new K/V slot outside the pool is refused before any request's K/V is written: the first two requests'
+    good slots stay empty when the third one's is bad."""
     pool = torch.zeros(4, 1, 8)
     assert cpu_decode.decode_attention_op() is not None
-    new_kv = (torch.ones(1, 1, 8), torch.ones(1, 1, 8), torch.tensor([4]))
+    new_kv = (torch.ones(3, 1, 8), torch.ones(3, 1, 8), torch.tensor([1, 2, 4]))
     with pytest.raises(RuntimeError, match="KV slot 4 is outside the 4-slot pool"):
-        decode_attention_cpu(torch.zeros(1, 1, 8), pool, pool, torch.zeros(1, 2, dtype=torch.int32),
-                             torch.tensor([2]), 1.0, new_kv)  # fmt: skip
+        decode_attention_cpu(torch.zeros(3, 1, 8), pool, pool, torch.zeros(3, 2, dtype=torch.int32),
+                             torch.tensor([2, 2, 2]), 1.0, new_kv)  # fmt: skip
     assert not pool.any()
+
+
+@pytest.mark.parametrize("slot", [4, -1])
+def test_cpu_decode_kernel_refuses_kv_indices_outside_the_pool(slot):
+    """A request's position mapped to a slot the pool does not have fails with a message, not a read past it."""
+    pool = torch.zeros(4, 1, 8)
+    assert cpu_decode.decode_attention_op() is not None
+    kv_indices = torch.tensor([[0, slot]], dtype=torch.int32)
+    with pytest.raises(RuntimeError, match=f"kv_indices holds slot {slot}, outside the 4-slot pool"):
+        decode_attention_cpu(torch.zeros(1, 1, 8), pool, pool, kv_indices, torch.tensor([2]), 1.0)
 
 
 def test_cpu_decode_kernel_rejects_a_wrong_index_dtype():

@@ -88,17 +88,19 @@ def test_silu_and_mul_matches_hf(elementwise_path, dtype, rows):
     assert torch.equal(SiluAndMul()(gate_up), ACT2FN["silu"](gate) * up)
 
 
+@pytest.mark.parametrize("tokens", [37, 300], ids=["37-tokens", "300-tokens-threaded"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_rope_matches_hf_in_place_on_qkv_views(elementwise_path, dtype):
+def test_rope_matches_hf_in_place_on_qkv_views(elementwise_path, dtype, tokens):
     """RoPE on q and k as the attention layer passes them, views into the qkv output, against HF's own rotary
     embedding and ``apply_rotary_pos_emb`` on copies, llama3 scaling included: the kernel rounds each product where
-    HF does, so it is equal bit for bit, and rotates the views in place; aten's path is within its rounding."""
+    HF does, so it is equal bit for bit, and rotates the views in place; aten's path is within its rounding. 300
+    tokens are past the kernel's grain, so two threads split them."""
     config = LlamaConfig(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
                          rope_parameters={"rope_type": "llama3", "rope_theta": 500000.0, "factor": 8.0,
                                           "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                                           "original_max_position_embeddings": 64})  # fmt: skip
     torch.manual_seed(0)
-    tokens, head_dim = 37, 64
+    head_dim = 64
     positions = torch.randint(0, 512, (tokens,))
     qkv = torch.randn(tokens, (4 + 2 + 2) * head_dim, dtype=dtype)
     q, k, _ = qkv.split([4 * head_dim, 2 * head_dim, 2 * head_dim], dim=-1)
@@ -116,6 +118,29 @@ def test_rope_matches_hf_in_place_on_qkv_views(elementwise_path, dtype):
         tolerance = {"rtol": 2**-22, "atol": 1e-6} if dtype == torch.float32 else {"rtol": 2**-7, "atol": 1e-2}
         torch.testing.assert_close(out_q, expected_q, **tolerance)
         torch.testing.assert_close(out_k, expected_k, **tolerance)
+
+
+def test_float16_layers_keep_atens_ops_and_match_hf():
+    """The C++ kernels take float32 and bfloat16 only: a float16 model on CPU (``--dtype float16``) keeps aten's
+    ops in RMSNorm, SiluAndMul and RoPE, which are HF's own, bit for bit."""
+    assert cpu_kernels_built()
+    torch.manual_seed(0)
+    x, residual = torch.randn(3, 64, dtype=torch.float16), torch.randn(3, 64, dtype=torch.float16)
+    norm, hf_norm = RMSNorm(64).half(), LlamaRMSNorm(64).half()
+    assert torch.equal(norm(x), hf_norm(x))
+    out, _ = norm(x, residual.clone())
+    assert torch.equal(out, hf_norm(x + residual))
+    gate_up = torch.randn(3, 2 * 40, dtype=torch.float16)
+    gate, up = gate_up.clone().chunk(2, dim=-1)
+    assert torch.equal(SiluAndMul()(gate_up), ACT2FN["silu"](gate) * up)
+    config = LlamaConfig(hidden_size=128, num_attention_heads=2, max_position_embeddings=64)
+    positions, q, k = torch.arange(3), torch.randn(3, 2, 64, dtype=torch.float16), torch.randn(3, 2, 64).half()
+    hf_q, hf_k = q.transpose(0, 1)[None].clone(), k.transpose(0, 1)[None].clone()
+    cos, sin = LlamaRotaryEmbedding(config)(hf_q, positions[None])
+    hf_q, hf_k = apply_rotary_pos_emb(hf_q, hf_k, cos.half(), sin.half())
+    out_q, out_k = get_rope(config, 64, 64)(positions, q, k)
+    torch.testing.assert_close(out_q, hf_q[0].transpose(0, 1), rtol=2**-10, atol=1e-3)
+    torch.testing.assert_close(out_k, hf_k[0].transpose(0, 1), rtol=2**-10, atol=1e-3)
 
 
 def test_rope_kernel_refuses_a_position_outside_its_table():

@@ -60,7 +60,17 @@ def cpu_kernels_built() -> bool:
     return True
 
 
+# The dtypes every kernel here takes; float16 stays on aten (and SDPA, oneDNN) everywhere.
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+
+
 def uses_cpu_kernels(x: torch.Tensor) -> bool:
-    """Whether an eager layer on ``x`` runs its C++ elementwise kernel (norm, activation, RoPE): on CPU, where they
-    are built. Traced, the layers keep aten's ops, which the compiler fuses into its own loops."""
-    return x.device.type == "cpu" and not torch.compiler.is_compiling() and cpu_kernels_built()
+    """Whether an eager layer on ``x`` runs its C++ elementwise kernel (norm, activation, RoPE): on CPU, in float32
+    or bfloat16 (float16 keeps aten's ops), where they are built. Traced, the layers keep aten's ops, which the
+    compiler fuses into its own loops."""
+    return (
+        x.device.type == "cpu"
+        and x.dtype in KERNEL_DTYPES
+        and not torch.compiler.is_compiling()
+        and cpu_kernels_built()
+    )

@@ -39,7 +39,7 @@ void silu(float* g, int64_t n) {
 
 template <typename T>
 void silu_and_mul_rows(const T* x, T* out, int64_t rows, int64_t d) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / (2 * d)), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, 2 * d)), [&](int64_t begin, int64_t end) {
     std::vector<float> gate(d);
     for (int64_t r = begin; r < end; ++r) {
       const T* gate_row = x + r * 2 * d;

@@ -45,7 +45,7 @@ float sum_of_squares(const float* h, int64_t n) {
 // residual may be null (no add): then the rows of x are normalized as they are.
 template <typename T>
 void rmsnorm_rows(const T* x, T* residual, const T* weight, T* out, int64_t rows, int64_t n, float eps) {
-  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / n), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, rows, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, n)), [&](int64_t begin, int64_t end) {
     std::vector<float> h(n);
     for (int64_t r = begin; r < end; ++r) {
       const T* x_row = x + r * n;

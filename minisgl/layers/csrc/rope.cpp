@@ -42,7 +42,7 @@ template <typename T>
 void rotate(const int64_t* positions, int64_t tokens, Heads q, Heads k, const float* cos, const float* sin,
             int64_t half) {
   const int64_t per_token = (q.heads + k.heads) * 2 * half;
-  at::parallel_for(0, tokens, std::max<int64_t>(1, kGrainElements / per_token), [&](int64_t begin, int64_t end) {
+  at::parallel_for(0, tokens, std::max<int64_t>(1, kGrainElements / std::max<int64_t>(1, per_token)), [&](int64_t begin, int64_t end) {
     for (int64_t t = begin; t < end; ++t) {
       const float* cos_row = cos + positions[t] * half;
       const float* sin_row = sin + positions[t] * half;

@@ -131,6 +131,7 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
                              const at::Tensor& kv_indices, const at::Tensor& seq_lens, double scale, at::Tensor& out) {
   const int64_t batch = q.size(0), heads = q.size(1), head_dim = q.size(2);
   const int64_t kv_heads = k_buffer.size(1), groups = heads / kv_heads, slot_stride = k_buffer.stride(0);
+  const int64_t num_slots = k_buffer.size(0);
   const int64_t row_floats = kv_heads * head_dim, table_stride = kv_indices.stride(0);
   const int32_t* table = kv_indices.data_ptr<int32_t>();
   const int64_t* lens = seq_lens.data_ptr<int64_t>();
@@ -170,6 +171,8 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
       }
       const int32_t* slots = table + b * table_stride + start;
       for (int64_t p = 0; p < n; ++p) {
+        TORCH_CHECK(slots[p] >= 0 && slots[p] < num_slots, "decode_attention: kv_indices holds slot ", slots[p],
+                    ", outside the ", num_slots, "-slot pool");
         const T* key = keys_base + slots[p] * slot_stride;
         const T* value = values_base + slots[p] * slot_stride;
         if constexpr (kFloat) {
@@ -230,9 +233,11 @@ void write_new_kv(at::Tensor& k_buffer, at::Tensor& v_buffer, const at::Tensor& 
   const int64_t batch = key.size(0), kv_heads = key.size(1), head_dim = key.size(2);
   const int64_t slots = k_buffer.size(0), slot_stride = k_buffer.stride(0);
   const int64_t* slot = loc.data_ptr<int64_t>();
-  for (int64_t b = 0; b < batch; ++b) {
+  // Every slot checked before any is written: a bad one leaves the pools as they were.
+  for (int64_t b = 0; b < batch; ++b)
     TORCH_CHECK(slot[b] >= 0 && slot[b] < slots, "decode_attention: KV slot ", slot[b], " is outside the ", slots,
                 "-slot pool");
+  for (int64_t b = 0; b < batch; ++b) {
     auto write = [&](const at::Tensor& source, at::Tensor& pool) {
       const T* from = source.data_ptr<T>() + b * source.stride(0);
       T* to = pool.data_ptr<T>() + slot[b] * slot_stride;
