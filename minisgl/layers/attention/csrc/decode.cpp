@@ -150,13 +150,13 @@ void weighted_values(const float* __restrict w, const float* const* rows, int64_
   }
 }
 
-// Every cache line of a pool row requested into L2 ahead of its use. In a step the pool is cold (a layer's weights
-// pass through the caches between two layers' attention), and the head loop below reads a row a head's slice at a
-// time, so without this each slice's first read waits on memory in turn.
-// A unit's rows are prefetched only up to this many bytes: past it (dummy134's 6 KB of K/V per position at 144
-// positions a unit) the requests evict each other from L2 and the kernel ran slower than without them.
+// A unit's rows are prefetched (prefetch_row) only up to this many bytes: past it (dummy134's 6 KB of K/V per
+// position at 144 positions a unit) the requests evict each other from L2 and the kernel ran slower than without.
 constexpr int64_t kPrefetchBytes = 256 << 10;
 
+// Every cache line of a pool row requested into L2 ahead of its use. In a step the pool is cold (a layer's weights
+// pass through the caches between two layers' attention), and the float32 head loop reads a row a KV head's slice
+// at a time, so without this each slice's first read waits on memory in turn.
 inline void prefetch_row(const void* row, int64_t bytes) {
   const char* p = static_cast<const char*>(row);
   for (int64_t offset = 0; offset < bytes; offset += 64) __builtin_prefetch(p + offset, 0, 2);
@@ -196,7 +196,8 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
   auto parts = scratch(batch * chunks * heads * part_stride);
   float* part_base = parts.get();
   constexpr bool kFloat = std::is_same_v<T, float>;
-  const bool prefetch = 2 * chunk * row_floats * int64_t{sizeof(T)} <= kPrefetchBytes;
+  // 16-bit rows are read whole right away (widened to float32 below): nothing to prefetch ahead of.
+  const bool prefetch = kFloat && 2 * chunk * row_floats * int64_t{sizeof(T)} <= kPrefetchBytes;
   at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t begin, int64_t end) {
     auto q_scaled = scratch(heads * head_dim), scores = scratch(heads * chunk);
     auto converted = scratch(kFloat ? 0 : 2 * chunk * row_floats);
