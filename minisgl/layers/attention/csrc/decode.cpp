@@ -152,7 +152,7 @@ void weighted_values(const float* __restrict w, const float* const* rows, int64_
 
 // A unit's rows are prefetched (prefetch_row) only up to this many bytes: past it (dummy134's 6 KB of K/V per
 // position at 144 positions a unit) the requests evict each other from L2 and the kernel ran slower than without.
-constexpr int64_t kPrefetchBytes = 256 << 10;
+constexpr int64_t kMaxPrefetchBytes = 256 << 10;
 
 // Every cache line of a pool row requested into L2 ahead of its use. In a step the pool is cold (a layer's weights
 // pass through the caches between two layers' attention), and the float32 head loop reads a row a KV head's slice
@@ -197,7 +197,7 @@ void decode_attention_kernel(const at::Tensor& q, const at::Tensor& k_buffer, co
   float* part_base = parts.get();
   constexpr bool kFloat = std::is_same_v<T, float>;
   // 16-bit rows are read whole right away (widened to float32 below): nothing to prefetch ahead of.
-  const bool prefetch = kFloat && 2 * chunk * row_floats * int64_t{sizeof(T)} <= kPrefetchBytes;
+  const bool prefetch = kFloat && 2 * chunk * row_floats * int64_t{sizeof(T)} <= kMaxPrefetchBytes;
   at::parallel_for(0, static_cast<int64_t>(units.size()), 1, [&](int64_t begin, int64_t end) {
     auto q_scaled = scratch(heads * head_dim), scores = scratch(heads * chunk);
     auto converted = scratch(kFloat ? 0 : 2 * chunk * row_floats);
