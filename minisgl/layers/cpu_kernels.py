@@ -23,7 +23,7 @@ import sys
 import torch
 
 HERE = os.path.dirname(__file__)
-SOURCES = [os.path.join(HERE, "attention", "csrc", "decode.cpp")] + [
+SOURCES = [os.path.join(HERE, "attention", "csrc", name) for name in ("decode.cpp", "prefill.cpp")] + [
     os.path.join(HERE, "csrc", name) for name in ("gemm.cpp", "norm.cpp", "activation.cpp", "rope.cpp")
 ]
 

@@ -3,9 +3,9 @@
 Extend handles one request at a time, because each has its own prefix and length: its queries attend to
 the cached prefix plus its own new tokens (causal). A request with no cached prefix attends to its new k
 and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (on CPUs without
-AMX, past one 128-token tile, such a request or batch attends in one ``causal_prefill_attention`` call instead:
-tiles of queries on oneDNN's batched matmul, in ``tiled_prefill.py``; bfloat16 always, float32 with grouped KV
-heads or for one request). Decode is batched: each request's K/V are gathered up to the longest sequence
+AMX, such a request or batch attends in one call of minisgl's C++ kernel instead, ``cpu_prefill.py``; where it
+is not built, past one 128-token tile, in one ``causal_prefill_attention`` call: tiles of queries on oneDNN's
+batched matmul, in ``tiled_prefill.py``; bfloat16 always, float32 with grouped KV heads or for one request). Decode is batched: each request's K/V are gathered up to the longest sequence
 (padding masked), the query heads sharing a KV head ride along as extra query rows, and one SDPA call serves
 the batch (on CPU, a block of requests small enough for its K/V to stay in cache); on CPU, where its C++ kernel
 is built, one call of that kernel reads the pool in place instead (``cpu_decode.py``). Inside a
@@ -29,6 +29,7 @@ import torch.nn.functional as F
 
 from minisgl.layers.attention.base_attn_backend import AttentionBackend
 from minisgl.layers.attention.cpu_decode import decode_attention_cpu, uses_decode_kernel
+from minisgl.layers.attention.cpu_prefill import causal_prefill_attention_cpu, uses_prefill_kernel
 from minisgl.layers.attention.tiled_prefill import causal_prefill_attention, prefers_tiles
 
 if TYPE_CHECKING:
@@ -215,9 +216,12 @@ class TorchNativeAttnBackend(AttentionBackend):
         """Attention over requests laid out ``[requests, tokens, heads, head_dim]``; causal when there is no mask.
 
         SDPA wants heads before tokens: the transposes are views. CPU SDPA takes its flash kernel only for
-        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal work goes to
-        ``causal_prefill_attention`` instead where that is faster (``prefers_tiles``).
+        4-D inputs (3-D falls back to the math path, 2-2.5x slower here). Causal work goes to minisgl's C++
+        kernel on CPU (``cpu_prefill.py``), else to ``causal_prefill_attention`` where that is faster
+        (``prefers_tiles``).
         """
+        if mask is None and uses_prefill_kernel(q):
+            return causal_prefill_attention_cpu(q, k, v, scale)
         if mask is None and prefers_tiles(q, k):
             return causal_prefill_attention(q, k, v, scale)
         out = F.scaled_dot_product_attention(
