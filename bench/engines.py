@@ -219,8 +219,8 @@ def prefill_linears_time(model_runner, batch: int, input_len: int) -> float:
 
 def prefill_attention_time(model_runner, batch: int, input_len: int) -> float:
     """A prefill's attention alone: the backend's causal attention over ``batch`` requests of ``input_len`` tokens
-    with nothing cached (the call an extend of equal lengths makes, so the same kernel: ``causal_prefill_attention``
-    or SDPA), once per layer on the model's head shapes; one pass after a warm-up."""
+    with nothing cached (the call an extend of equal lengths makes, so the same kernel: the C++ prefill kernel,
+    ``causal_prefill_attention`` or SDPA), once per layer on the model's head shapes; one pass after a warm-up."""
     layers = [m for m in model_runner.model.modules() if isinstance(m, RadixAttention)]
     device, dtype = model_runner.device, model_runner.model_config.dtype
     q = torch.randn(batch, input_len, layers[0].tp_q_head_num, layers[0].head_dim, dtype=dtype, device=device)

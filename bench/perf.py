@@ -162,11 +162,15 @@ def source_commit(root: str = os.path.dirname(os.path.dirname(os.path.abspath(__
 
 def machine_info(device: torch.device = CPU) -> dict:
     """The CPU (and GPU) the figures belong to: kernel choices and the shares differ from one to another."""
-    names = []
+    fields = {}  # the first CPU's "model name", "cpu family", "model" (a VM's name alone may say only "AMD EPYC")
     with contextlib.suppress(OSError), open("/proc/cpuinfo") as f:
-        names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        for line in f:
+            key, _, value = line.partition(":")
+            fields.setdefault(key.strip(), value.strip())
     info = {
-        "cpu": names[0] if names else "unknown",
+        "cpu": fields.get("model name", "unknown"),
+        "cpu_family": fields.get("cpu family"),
+        "cpu_model": fields.get("model"),
         "cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
         "capability": torch.backends.cpu.get_cpu_capability(),

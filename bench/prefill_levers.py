@@ -3,8 +3,11 @@
     python bench/prefill_levers.py                                  # SmolLM2 bfloat16, eager (~3 min on 2 cores)
     python bench/prefill_levers.py --models dummy134 --dtypes float32 --workloads 32,256 --compiled
     python bench/prefill_levers.py --allocator                      # glibc's settings instead (~2 min)
+    python bench/prefill_levers.py --levers "prefill kernel" --dtypes float32 bfloat16 --workloads 1,128 1,512
 
-*tiled attention* is ``causal_prefill_attention`` against SDPA (``TILED_PREFILL_DTYPES``),
+*prefill kernel* is minisgl's C++ causal attention (``cpu_prefill.py``) against what runs without it, the tiles or
+SDPA (``MAX_TOKENS`` 0: no extend fits it); *tiled attention* is ``causal_prefill_attention`` against SDPA
+(``TILED_PREFILL_DTYPES``), with the prefill kernel off, as where it is not built,
 *MLP blocks* is ``LlamaMLP``'s row blocks against one block (``_MLP_BLOCK_BYTES``), *MKL GEMM copies* is MKL's GEMM
 on the plain float32 weights for long prefills against oneDNN's packed kernel (``MKL_GEMM_MIN_ROWS``; compiled, the
 opaque ``plain_weight_linear``; only where ``mkl_gemm_is_faster``, elsewhere both variants are the same). Each variant runs the same
@@ -32,6 +35,7 @@ from rich.console import Console
 from rich.table import Table
 
 import minisgl.layers.amx_utils as amx_utils
+import minisgl.layers.attention.cpu_prefill as cpu_prefill
 import minisgl.layers.attention.tiled_prefill as tiled_prefill
 from minisgl.bench_one_batch import load_model
 from minisgl.models import llama
@@ -39,10 +43,13 @@ from minisgl.server_args import ServerArgs
 from minisgl.utils.common import USER_MALLOC_SETTINGS
 
 LEVERS = {
+    "prefill kernel": (cpu_prefill, "MAX_TOKENS", 0),
     "tiled attention": (tiled_prefill, "TILED_PREFILL_DTYPES", frozenset()),
     "MLP blocks": (llama, "_MLP_BLOCK_BYTES", 1 << 62),
     "MKL GEMM copies": (amx_utils, "MKL_GEMM_MIN_ROWS", 1 << 62),
 }
+# Levers held off while another is timed: the tiles serve only the extends the prefill kernel leaves them.
+HELD_OFF = {"tiled attention": ["prefill kernel"]}
 
 
 def load_runner(model_path: str, dtype: str, compiled: bool, workloads):
@@ -52,10 +59,14 @@ def load_runner(model_path: str, dtype: str, compiled: bool, workloads):
         return load_model(server_args, 0)[0]
 
 
-def in_process_levers(runner, workloads, reps: int):
+def in_process_levers(runner, workloads, reps: int, levers=tuple(LEVERS)):
     """(lever, batch, input_len, off seconds, on seconds) for each in-process lever, variants alternating."""
-    for lever, (module, name, off) in LEVERS.items():
+    for lever in levers:
+        module, name, off = LEVERS[lever]
         on = getattr(module, name)
+        held = [(LEVERS[other], getattr(*LEVERS[other][:2])) for other in HELD_OFF.get(lever, [])]
+        for (held_module, held_name, held_off), _ in held:
+            setattr(held_module, held_name, held_off)
         for batch, input_len in workloads:
             times = {off: [], on: []}
             for value in [off, on] * (reps + 1):  # the first pass of each is the warm-up
@@ -63,6 +74,8 @@ def in_process_levers(runner, workloads, reps: int):
                 times[value].append(run_minisgl(runner, batch, input_len, 2, 32000)[0])
             setattr(module, name, on)
             yield lever, batch, input_len, *(statistics.median(times[v][1:]) for v in (off, on))
+        for (held_module, held_name, _), value in held:
+            setattr(held_module, held_name, value)
 
 
 def allocator_child(args, workloads) -> None:
@@ -100,6 +113,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dtypes", nargs="+", default=["bfloat16"], choices=list(DTYPES))
     parser.add_argument("--workloads", nargs="+", default=["8,128", "1,512", "32,256"], help="batch,input")
     parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--levers", nargs="+", default=list(LEVERS), choices=list(LEVERS), help="in-process levers")
     parser.add_argument("--compiled", action="store_true", help="with --enable-torch-compile")
     parser.add_argument("--allocator", action="store_true", help="compare glibc's settings, not the levers")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
@@ -120,7 +134,7 @@ def main(argv: list[str] | None = None) -> None:
                     results = allocator_lever(path, dtype, args, workloads)
                 else:
                     runner = load_runner(path, dtype, args.compiled, workloads)
-                    results = in_process_levers(runner, workloads, args.reps)
+                    results = in_process_levers(runner, workloads, args.reps, args.levers)
                 for lever, batch, input_len, off_s, on_s in results:
                     table.add_row(model_name, dtype, f"{batch}, {input_len}", lever, f"{off_s * 1e3:.1f}",
                                   f"{on_s * 1e3:.1f}", f"{off_s / on_s:.2f}")  # fmt: skip

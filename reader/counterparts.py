@@ -259,8 +259,13 @@ COUNTERPARTS: dict[str, tuple[str, str]] = {
         "FlashInferAttnBackend.forward_extend",
         "sglang/srt/layers/attention/flashinfer_backend.py",
     ),
-    # SGLang's CPU extend kernel (sgl_kernel extend_attention_cpu) is C++ over the paged cache; minisgl's tiles
-    # the causal attention of prompts with nothing cached onto oneDNN's batched matmul.
+    # SGLang's CPU extend kernel (sgl_kernel extend_attention_cpu) is C++ over the paged cache, a cached prefix
+    # included; minisgl's C++ kernel attends prompts with nothing cached, on their new k and v.
+    "minisgl.layers.attention.cpu_prefill.causal_prefill_attention_cpu": (
+        "IntelAMXAttnBackend.forward_extend",
+        "sglang/srt/layers/attention/intel_amx_backend.py",
+    ),
+    # Where minisgl's C++ kernels are not built, its tiles put the same causal attention on oneDNN's batched matmul.
     "minisgl.layers.attention.tiled_prefill.causal_prefill_attention": (
         "IntelAMXAttnBackend.forward_extend",
         "sglang/srt/layers/attention/intel_amx_backend.py",
@@ -645,6 +650,8 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.attention.cpu_decode.decode_attention_op": "SGLang's intel_amx backend calls torch.ops.sgl_kernel.decode_attention_cpu from its prebuilt wheel; minisgl answers its own op where cpu_kernels built it, else None (gather + SDPA)",
     "minisgl.layers.cpu_kernels": "SGLang's sgl_kernel ships its CPU kernels prebuilt in a wheel (sgl-kernel/setup_cpu.py); minisgl builds its C++ kernels (decode attention, the decode linear, RMSNorm, SiluAndMul, RoPE) at first use (torch.utils.cpp_extension) and keeps its aten paths where they cannot be built",
     "minisgl.layers.attention.cpu_decode.uses_decode_kernel": "SGLang runs its CPU kernels when --attention-backend is intel_amx; minisgl runs its decode kernel for every eager CPU decode where it is built",
+    "minisgl.layers.attention.cpu_prefill.uses_prefill_kernel": "SGLang runs its CPU kernels when --attention-backend is intel_amx; minisgl runs its prefill kernel for every CPU extend with nothing cached where it is built and fits (no AMX, head_dim in blocks of 64, up to 4096 tokens)",
+    "minisgl.layers.attention.cpu_prefill.prefill_kernel_built": "SGLang's kernels come prebuilt in sgl_kernel's wheel; minisgl asks cpu_kernels whether it built them, as a constant a compiled graph does not trace into",
     "minisgl.layers.attention.tiled_prefill.prefers_tiles": "SGLang's CPU extend always runs its one C++ kernel; minisgl picks tiles or SDPA per extend, by CPU, dtype and size",
     "minisgl.layers.attention.tiled_prefill._causal_bias": "helper of causal_prefill_attention; SGLang's C++ extend kernel masks inside its loops",
     "minisgl.layers.attention.torch_native_backend.ExtendMetadata": "SGLang's torch-native backend keeps no metadata; its Triton/FlashInfer backends build kv_indptr/kv_indices in init_forward_metadata",

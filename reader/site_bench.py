@@ -242,8 +242,9 @@ def _machine(machine: dict | None, rows: list[dict] = ()) -> str:
             "counts, and the bfloat16 matmul peak is that float32 product, the fastest bfloat16 product the "
             "machine has."
         )
+    family = f" (family {machine['cpu_family']}, model {machine['cpu_model']})" if machine.get("cpu_family") else ""
     return (
-        f"Measured on: {machine['cpu']}, {machine['cores']} cores, {machine['torch_threads']} torch threads, "
+        f"Measured on: {machine['cpu']}{family}, {machine['cores']} cores, {machine['torch_threads']} torch threads, "
         f"kernels for {machine['capability']} ({features}). Which kernel is fastest, and so these shares, "
         f"differ from one CPU to another.{probes}\n\n"
     )
@@ -427,7 +428,8 @@ def bench_pages() -> dict[str, str]:
             "*Linears alone* runs every linear layer of the loaded model on the row's tokens, and the LM head on each "
             "request's last token, with minisgl's own prepacked weights and kernels; *attention alone* runs the "
             "attention backend's causal attention over the same requests, nothing cached, once per layer (the call "
-            "an extend of equal lengths makes, so the same kernel: `causal_prefill_attention` or SDPA). Both are "
+            "an extend of equal lengths makes, so the same kernel: on CPU minisgl's C++ prefill kernel where it is "
+            "built, else `causal_prefill_attention` or SDPA). Both are "
             "timed between the repetitions, one pass after a warm-up. Their FLOP rates against the row's peak "
             "show how close those kernels come to the machine's; the *ceiling* is the share of the peak a prefill "
             "would reach if nothing else took time, so a target above it would need faster kernels. "

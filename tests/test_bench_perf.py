@@ -227,9 +227,9 @@ def test_source_commit_names_the_checkout_and_its_changes(perf, tmp_path):
 
 
 def test_prefill_levers_switch_off_what_they_name(monkeypatch):
-    """bench/prefill_levers.py's "off" values really take each lever out: causal prefill past one tile goes to
-    SDPA (bfloat16 and float32), a long prefill's MLP runs as one block, and its linears on the packed weights
-    even where the plain ones are kept."""
+    """bench/prefill_levers.py's "off" values really take each lever out: causal prefill takes neither the C++
+    kernel nor, past one tile, the tiles, but SDPA (bfloat16 and float32), a long prefill's MLP runs as one block,
+    and its linears on the packed weights even where the plain ones are kept."""
     import minisgl.layers.attention.torch_native_backend as backend_module
     from minisgl.layers import amx_utils
     from minisgl.models import llama
@@ -240,9 +240,11 @@ def test_prefill_levers_switch_off_what_they_name(monkeypatch):
         monkeypatch.setattr(module, name, off)
     tiled = []
     monkeypatch.setattr(backend_module, "causal_prefill_attention", lambda *a: tiled.append(1))
+    monkeypatch.setattr(backend_module, "causal_prefill_attention_cpu", lambda *a: tiled.append(2))
     for dtype in (torch.bfloat16, torch.float32):
-        q, k, v = (torch.zeros(1, 300, 2, 8, dtype=dtype) for _ in range(3))
-        backend_module.TorchNativeAttnBackend._attend(q, k, v, None, 1.0)
+        for head_dim in (8, 64):  # 64: what the kernel would take
+            q, k, v = (torch.zeros(1, 300, 2, head_dim, dtype=dtype) for _ in range(3))
+            backend_module.TorchNativeAttnBackend._attend(q, k, v, None, 1.0)
     mlp, gate_up_calls = llama.LlamaMLP(16, 24), []
     mlp.gate_up_proj.register_forward_hook(lambda *a: gate_up_calls.append(1))
     mlp(torch.zeros(1 << 18, 16))  # 2**18 rows x 48 floats: 48 MiB of gate_up, three 16 MiB blocks when on

@@ -34,6 +34,10 @@ CONDITIONAL = {
         for callee in ("RotaryEmbedding._lookup", "_rotate")
     },
     (
+        "minisgl.layers.attention.cpu_prefill.prefill_kernel_built",
+        "minisgl.layers.cpu_kernels.cpu_kernels_built",
+    ): "cached: only a process's first call runs, made by the first layer that asks (uses_cpu_kernels here)",
+    (
         "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._gather_kv",
         "minisgl.layers.attention.torch_native_backend.TorchNativeAttnBackend._workspace",
     ): "only for 16-bit K/V with one query head per KV head, upcast to float32 (the tiny Llama groups 2 heads)",
@@ -141,7 +145,7 @@ def _find(node, qname):
     return next(n for n in node.walk() if n.qname == qname and not n.marker)
 
 
-def test_static_chain_edges_execute(tiny_llama, monkeypatch):
+def test_static_chain_edges_execute(tiny_llama, make_model, monkeypatch):
     import torch
 
     import minisgl.layers.attention.tiled_prefill as tiled_prefill
@@ -184,6 +188,9 @@ def test_static_chain_edges_execute(tiny_llama, monkeypatch):
     monkeypatch.setattr(DecodeCudaGraphRunner, "_record", _eager_record)
     runners.append(make_runner(tiny_llama, cuda_graph_max_bs=2))
     runners[-1].graph_runner = DecodeCudaGraphRunner(runners[-1])
+    # and one with head_dim 64, whose extends attend in the C++ prefill kernel (cpu_prefill.py)
+    head_dim_64 = make_model("llama", hidden_size=256, intermediate_size=256, num_attention_heads=4)
+    runners.append(make_runner(head_dim_64))
     executed: set[tuple[str, str]] = set()
 
     def hook(frame, event, arg):

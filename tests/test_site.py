@@ -298,6 +298,10 @@ def test_bench_page_shows_runs_on_other_cpus_with_their_own_targets(tmp_path, mo
     assert any(r["dtype"] == "bfloat16" for r in other["rows"])
     float32_only = {**other, "rows": [r for r in other["rows"] if r["dtype"] == "float32"]}
     assert "float32 copies" not in site_bench._machine(float32_only["machine"], float32_only["rows"])
+    # A VM's model name may say only "AMD EPYC": where perf.py recorded the CPU family and model, they are shown.
+    named = {**other["machine"], "cpu": "AMD EPYC", "cpu_family": "26", "cpu_model": "2"}
+    assert "Measured on: AMD EPYC (family 26, model 2), " in site_bench._machine(named)
+    assert "Measured on: AMD EPYC 7B13, " in site_bench._machine(other["machine"])  # results from before
     assert "| 45.6 [44.4-46.8] |" in section and "| 45.6 [44.4-46.8] |" not in main
     assert "| 3% | no |" in section and "| 3% | no |" not in main
     model, engines = other["rows"][0]["model"], site_bench._engines(other["rows"])

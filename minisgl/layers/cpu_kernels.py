@@ -1,7 +1,8 @@
 """minisgl's C++ CPU kernels, built from ``csrc`` sources into one extension at first use.
 
 The kernels there: decode attention over the paged pool (``attention/csrc/decode.cpp``, called through
-``attention/cpu_decode.py``), the linear product for a decode step's few rows (``csrc/gemm.cpp``, called through
+``attention/cpu_decode.py``), causal prefill attention (``attention/csrc/prefill.cpp``, through
+``attention/cpu_prefill.py``), the linear product for a decode step's few rows (``csrc/gemm.cpp``, called through
 ``amx_utils.py``), and the eager forward's elementwise layers, each one pass over its rows where aten launches
 several kernels: RMSNorm with the residual add (``csrc/norm.cpp``), SiluAndMul (``csrc/activation.cpp``) and RoPE
 (``csrc/rope.cpp``). The build (``torch.utils.cpp_extension`` with ninja, ~15 s, cached under
@@ -52,7 +53,7 @@ def cpu_kernels_built() -> bool:
     except Exception as e:  # noqa: BLE001 - no compiler, no ninja, a failed build: each leaves the aten paths
         first_line = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         print(
-            f"minisgl: CPU kernels not built ({first_line}); decode attention uses SDPA, linears oneDNN/MKL, "
+            f"minisgl: CPU kernels not built ({first_line}); attention uses SDPA (or tiles), linears oneDNN/MKL, "
             "norms, activation and RoPE aten's ops",
             file=sys.stderr,
         )

@@ -3,8 +3,8 @@
 It only carries the layer's shape (heads, head_dim, scaling, layer_id) and hands q/k/v to
 ``forward_batch.attn_backend``, so models are independent of the kernel choice. Under ``torch.compile``,
 decode attention and the extend of a single request are traced into the graph like the rest of the layer
-(their shapes are symbolic; a CPU extend past one query tile calls the opaque ``causal_prefill_attention``
-there, where the tiles apply), while an extend of several requests goes through ``unified_attention``, a
+(their shapes are symbolic; a CPU extend calls minisgl's C++ prefill kernel there as an opaque op, or, where it
+is not built, past one query tile the opaque ``causal_prefill_attention``, where the tiles apply), while an extend of several requests goes through ``unified_attention``, a
 custom op the compiler treats as a black box: it loops over requests whose lengths would otherwise
 recompile the graph.
 SGLang's version adds sliding windows, cross attention and logit caps, and its

@@ -5,10 +5,11 @@ RoPE, SiLU and residual adds per layer, each a few kernels); at batch 1 that fra
 SmolLM2's step. Compiled, the elementwise work between the matmuls fuses into a few C++ loops and the
 weights are frozen into packed layouts (oneDNN's, or Inductor's own GEMM template's; a long prefill's linears
 keep the plain weight where MKL's GEMM is the faster, see ``traced_gemm_on_plain_weight``). Decode attention and
-a single request's extend are traced into the graph too, K/V write included (an extend past one 128-token
-tile, where the tiles apply, calls the opaque ``minisgl::causal_prefill_attention`` there); the attention of
-an extend of several requests runs as one opaque custom op per layer (``minisgl::unified_attention``), which
-finds its batch through the forward context.
+a single request's extend are traced into the graph too, K/V write included (on CPU its causal attention calls
+minisgl's C++ kernel there as an opaque op, ``minisgl_cpu::causal_prefill_attention``; where that is not built,
+an extend past one 128-token tile, where the tiles apply, calls the opaque ``minisgl::causal_prefill_attention``);
+the attention of an extend of several requests runs as one opaque custom op per layer
+(``minisgl::unified_attention``), which finds its batch through the forward context.
 
 One general graph serves every batch size: the batch dimension is symbolic (``dynamic=True``), which also
 makes Inductor pack linear weights for oneDNN, the faster kernel here (its static-shape choice, MKL's packed
@@ -23,11 +24,11 @@ forward of each graph compiles (about two minutes on two cores for SmolLM2's ext
 processes reuse Inductor's on-disk cache);
 extends of one request and of several compile separate graphs, as dynamo specializes a dimension of size 1,
 and so do padded small decodes of one request and of two or three (the rows that attend). An extend past one
-MLP block (``LlamaMLP``) or, where the tiles apply, past one query tile compiles its own graph once, on the other side
-of that length guard. Each graph freezes its own packed copy of the weights it multiplies (not those the C++
-kernel reads), beside the module's plain ones that eager batches use (SmolLM2 float32, RSS in one process after
-load, a 1x128 and an 8x128 run: 2.4, 2.8, 3.0 GB with the blocked copies; 1.8, 3.6, 4.1 without, when every
-decode graph froze a packed copy).
+MLP block (``LlamaMLP``) or, where the tiles apply (the C++ prefill kernel not built), past one query tile
+compiles its own graph once, on the other side of that length guard. Each graph freezes its own packed copy of
+the weights it multiplies (not those the C++ kernel reads), beside the module's plain ones that eager batches use
+(SmolLM2 float32, RSS in one process after load, a 1x128 and an 8x128 run: 2.4, 2.8, 3.0 GB with the blocked
+copies; 1.8, 3.6, 4.1 without, when every decode graph froze a packed copy).
 
 SGLang's ``CPUGraphRunner`` compiles one static graph per decode batch size at start-up and pads a batch up
 to the next captured size the same way; prefill stays eager there. Its CUDA counterpart captures CUDA
@@ -95,7 +96,8 @@ def profile_compiled_kernels() -> None:
 
 @functools.cache
 def register_fake_ops() -> None:
-    """Shape-only versions of minisgl's C++ CPU ops that compiled graphs call (``blocked_linear``): dynamo traces
+    """Shape-only versions of minisgl's C++ CPU ops that compiled graphs call (``blocked_linear``, the prefill's
+    ``causal_prefill_attention``): dynamo traces
     them instead of the kernels, which take only concrete sizes, and Inductor calls the kernels as they are. Once
     per process, where the kernels are built. SGLang's ``register_fake_ops`` registers such fakes for every
     sgl_kernel CPU op (attention, norms, MoE, quantized GEMMs) and makes Inductor fall back to each."""

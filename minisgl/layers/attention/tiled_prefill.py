@@ -1,8 +1,10 @@
 """``causal_prefill_attention``: causal attention of prompts with nothing cached, in query tiles on oneDNN's
 batched matmul (CPU), and ``prefers_tiles``, where it is the faster kernel.
 
-``TorchNativeAttnBackend`` sends an extend here instead of SDPA on CPUs without AMX, past one 128-token tile:
-CPU SDPA's flash kernel multiplies its small blocks at a fraction of the machine's peak there. SGLang's CPU
+``TorchNativeAttnBackend`` sends an extend here instead of SDPA on CPUs without AMX, past one 128-token tile,
+where minisgl's C++ prefill kernel (``cpu_prefill.py``, faster at every size measured) does not take it: no
+compiler, a head_dim it does not block for, or more than its 4096 tokens. CPU SDPA's flash kernel multiplies its
+small blocks at a fraction of the machine's peak there. SGLang's CPU
 backend (``IntelAMXAttnBackend``) runs a C++ kernel instead, ``sgl_kernel``'s ``extend_attention_cpu``, over
 the paged cache.
 """

@@ -5,8 +5,8 @@ the cached prefix plus its own new tokens (causal). A request with no cached pre
 and v as they are, and a batch of such requests, all of one length, attends in one SDPA call (on CPUs without
 AMX, such a request or batch attends in one call of minisgl's C++ kernel instead, ``cpu_prefill.py``; where it
 is not built, past one 128-token tile, in one ``causal_prefill_attention`` call: tiles of queries on oneDNN's
-batched matmul, in ``tiled_prefill.py``; bfloat16 always, float32 with grouped KV heads or for one request). Decode is batched: each request's K/V are gathered up to the longest sequence
-(padding masked), the query heads sharing a KV head ride along as extra query rows, and one SDPA call serves
+batched matmul, in ``tiled_prefill.py``; bfloat16 always, float32 with grouped KV heads or for one request).
+Decode is batched: each request's K/V are gathered up to the longest sequence (padding masked), the query heads sharing a KV head ride along as extra query rows, and one SDPA call serves
 the batch (on CPU, a block of requests small enough for its K/V to stay in cache); on CPU, where its C++ kernel
 is built, one call of that kernel reads the pool in place instead (``cpu_decode.py``). Inside a
 ``torch.compile`` graph (``--enable-torch-compile``), decode runs ``fused_decode_attention`` instead: plain
