@@ -17,7 +17,7 @@ from minisgl.layers.attention import cpu_prefill
 from minisgl.layers.cpu_kernels import cpu_kernels_built
 from tests.test_extend_attention import naive_extend_attention
 from tests.test_hf_equality import LONG_PROMPTS, PROMPTS, hf_model, ids, make_runner, run_greedy
-from tests.test_torch_compile import compiled_runner
+from tests.test_torch_compile import compiled_runner, profiled_rerun
 
 
 def split_qkv(requests, tokens, heads, kv_heads, head_dim, dtype, seed=0):
@@ -133,12 +133,7 @@ def test_compiled_prefill_calls_the_kernel_and_matches_hf(llama_head_dim_64):
     """Compiled, the kernel is an opaque op inside the extend's graph (seen by the profiler, one call per layer);
     the logits match HF to 1e-4 as eagerly."""
     runner, calls = compiled_runner(llama_head_dim_64)
-    run_greedy(runner, LONG_PROMPTS[:1], steps=1)  # compiles (and traces the op's fake)
-    runner.req_to_token_pool.clear()
-    runner.token_to_kv_pool_allocator.clear()
-    with torch.profiler.profile() as profile:
-        logits, _ = run_greedy(runner, LONG_PROMPTS[:1], steps=1)
-    ops = [event.name for event in profile.events()]
+    logits, ops = profiled_rerun(runner, LONG_PROMPTS[:1])
     expected_calls = 2 if cpu_prefill.prefill_kernel_built() else 0
     assert calls["extend"] == 2 and ops.count("minisgl_cpu::causal_prefill_attention") == expected_calls
     with torch.no_grad():

@@ -43,6 +43,17 @@ def small_decodes(runner, prompts: list[list[int]]) -> int:
     return int(len(prompts) <= (runner.graph_runner.small_decode_rows or 0))
 
 
+def profiled_rerun(runner, prompts: list[list[int]]):
+    """The logits of one greedy step over ``prompts`` on a compiled runner, run twice (the first compiles and traces
+    the custom ops' fakes), and the names of the ops the second run's profile saw."""
+    run_greedy(runner, prompts, steps=1)
+    runner.req_to_token_pool.clear()
+    runner.token_to_kv_pool_allocator.clear()
+    with torch.profiler.profile() as profile:
+        logits, _ = run_greedy(runner, prompts, steps=1)
+    return logits, [event.name for event in profile.events()]
+
+
 def hf_greedy(hf, prompt: list[int], steps: int) -> list[int]:
     out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False)
     return out[0, len(prompt) :].tolist()
@@ -223,12 +234,7 @@ def test_compiled_float32_long_prompt_matches_hf(tiny_llama, monkeypatch):
     the profiler) and matches HF to 1e-4, as eager float32 does."""
     monkeypatch.setattr(tiled_prefill, "TILED_PREFILL_DTYPES", frozenset({torch.float32}))
     runner, calls = compiled_runner(tiny_llama)
-    run_greedy(runner, LONG_PROMPTS[:1], steps=1)  # compiles (and traces the op's fake)
-    runner.req_to_token_pool.clear()
-    runner.token_to_kv_pool_allocator.clear()
-    with torch.profiler.profile() as profile:
-        logits, _ = run_greedy(runner, LONG_PROMPTS[:1], steps=1)
-    ops = [event.name for event in profile.events()]
+    logits, ops = profiled_rerun(runner, LONG_PROMPTS[:1])
     assert calls["extend"] == 2 and ops.count("minisgl::causal_prefill_attention") == 2  # one per layer
     with torch.no_grad():
         ref = hf_model(tiny_llama)(torch.tensor(LONG_PROMPTS[:1])).logits[:, -1]
