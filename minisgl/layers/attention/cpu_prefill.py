@@ -3,7 +3,7 @@
 An extend with nothing cached (every prompt of a prefill, and ``bench_one_batch``'s) attends its own new keys and
 values causally. CPU SDPA's flash kernel multiplies its blocks at about a third of an AVX-512 CPU's float32 peak,
 and ``causal_prefill_attention`` (``tiled_prefill.py``) on oneDNN's batched matmul pays a call per query tile. The
-kernel splits the work into (request, KV head, 16 tokens) units, each scoring its query rows (the tokens' heads
+kernel splits the work into (request, KV head, 16 or more tokens) units, each scoring its query rows (the tokens' heads
 that share the KV head) only against the keys up to its last token, from keys transposed once per KV head. Alone,
 causal attention of one layer, us (2-core AMD EPYC Zen 5, AVX-512), SDPA / tiles / kernel: SmolLM2's heads float32
 1x128 291 / 236 / 110, 1x512 3888 / 1762 / 1109, 8x128 2152 / 1404 / 764; bfloat16 1x128 330 / 264 / 99;
