@@ -139,3 +139,20 @@ def test_compiled_prefill_calls_the_kernel_and_matches_hf(llama_head_dim_64):
     with torch.no_grad():
         ref = hf_model(llama_head_dim_64)(ids(LONG_PROMPTS[0])).logits[:, -1]
     torch.testing.assert_close(logits, ref, atol=1e-4, rtol=0)
+
+
+def test_prefill_attention_bench_paths_agree(monkeypatch):
+    """``bench/prefill_attention.py`` times SDPA, the tiles and the kernel: each returns the same causal attention."""
+    from pathlib import Path
+
+    monkeypatch.syspath_prepend(str(Path(__file__).resolve().parents[1] / "bench"))
+    import prefill_attention
+
+    q, k, v = split_qkv(2, 40, 6, 2, 64, torch.float32)
+    expected = naive(q, k, v, 0.125)
+    for path in (
+        prefill_attention.sdpa,
+        prefill_attention.causal_prefill_attention,
+        cpu_prefill.causal_prefill_attention_cpu,
+    ):
+        torch.testing.assert_close(path(q, k, v, 0.125).double(), expected, atol=1e-5, rtol=1e-5)

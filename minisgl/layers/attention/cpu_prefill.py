@@ -7,8 +7,8 @@ kernel splits the work into (request, KV head, 16 or more tokens) units, each sc
 that share the KV head) only against the keys up to its last token, from keys transposed once per KV head. Alone,
 causal attention of one layer, us (2-core AMD EPYC Zen 5, AVX-512), SDPA / tiles / kernel: SmolLM2's heads float32
 1x128 291 / 236 / 110, 1x512 3888 / 1762 / 1109, 8x128 2152 / 1404 / 764; bfloat16 1x128 330 / 264 / 99;
-dummy134's float32 1x128 385 / 311 / 149, 8x128 3397 / 3145 / 1460 (``bench/prefill_levers.py`` times the
-whole prefill).
+dummy134's float32 1x128 385 / 311 / 149, 8x128 3397 / 3145 / 1460 (``bench/prefill_attention.py``;
+``bench/prefill_levers.py`` times the whole prefill).
 
 It computes in float32 (16-bit inputs are widened), as SDPA and the tiles do. Where the kernels cannot be built,
 on CPUs with AMX (whose tiles SDPA's flash kernel multiplies bfloat16 blocks on), for head sizes the kernel does

@@ -113,22 +113,22 @@ constexpr int64_t kKeys = kKeyVecs * kVec;  // keys per score block
 // came back from memory, 25 -> 34 ms per layer once the units ran pair after pair.
 constexpr int64_t kWaveBytes = 4 << 20;
 
-// One call's shapes and tensors, and its packed K/V (for the pairs of the current wave).
+// One call's shapes and tensors. A pair's packed keys: blocks of kKeys keys, each [head_dim][kKeys], zero past
+// the last token; then, 16-bit only, its values widened to float32, [tokens][head_dim] (pair_values floats).
 template <typename T>
 struct Prefill {
   const at::Tensor &q, &k, &v;
   at::Tensor& out;
   float scale;
   int64_t tokens, heads, head_dim, kv_heads, group, pair_keys, pair_values, query_block, blocks;
-  float* keys_t;    // per pair: blocks of kKeys keys, each [head_dim][kKeys], zero past the last token
-  float* values_f;  // per pair, 16-bit only: [tokens][head_dim] in float32
 
   Prefill(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, double scale, at::Tensor& out)
       : q(q), k(k), v(v), out(out), scale(static_cast<float>(scale)), tokens(q.size(1)), heads(q.size(2)),
         head_dim(q.size(3)), kv_heads(k.size(2)), group(heads / kv_heads),
         pair_keys((tokens + kKeys - 1) / kKeys * kKeys * head_dim),
         pair_values(std::is_same_v<T, float> ? 0 : tokens * head_dim),
-        query_block(std::max<int64_t>(kQueryBlock, kUnitRows / group)), blocks((tokens + query_block - 1) / query_block) {}
+        query_block(std::max<int64_t>(kQueryBlock, kUnitRows / group)),
+        blocks((tokens + query_block - 1) / query_block) {}
 
   const T* key(int64_t b, int64_t j, int64_t kvh) const {
     return k.data_ptr<T>() + b * k.stride(0) + j * k.stride(1) + kvh * k.stride(2);
