@@ -31,6 +31,7 @@ from minisgl.layers.amx_utils import (  # noqa: E402
     blocked_copies,
     min_packed_rows,
     mkl_gemm_is_faster,
+    single_row_prefetch_bytes,
 )
 from minisgl.layers.linear import ReplicatedLinear, RowParallelLinear  # noqa: E402
 from minisgl.layers.radix_attention import RadixAttention  # noqa: E402
@@ -272,7 +273,7 @@ class Engine:
         the other way from the parent's (``machine_info``) where a probe's margin is near its 10%. The blocked
         copies' probe answers for both dtypes: the one the engine did not load is probed here, after its runs."""
         return {"padded_rows": min_packed_rows(), "blocked_copies": blocked_copies(),
-                "mkl_gemm_copies": mkl_gemm_is_faster()}  # fmt: skip
+                "single_row_prefetch": single_row_prefetch_bytes(), "mkl_gemm_copies": mkl_gemm_is_faster()}  # fmt: skip
 
     def unload(self) -> None:
         """Every weight goes before the next load; compiled graphs hold frozen copies of them, so they go too."""

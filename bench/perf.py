@@ -72,6 +72,7 @@ from minisgl.layers.amx_utils import (
     mkl_gemm_is_faster,
     multiplies_in_float32,
     prepack_weight,
+    single_row_prefetch_bytes,
 )
 from minisgl.utils.common import InputError, keep_freed_cpu_memory, resolve_device, write_whole
 
@@ -179,6 +180,7 @@ def machine_info(device: torch.device = CPU) -> dict:
         # the start-up probes' kernel choices (minisgl.layers.linear), made here; each engine process makes its own
         "padded_rows": min_packed_rows(),
         "blocked_copies": blocked_copies(),
+        "single_row_prefetch": single_row_prefetch_bytes(),  # bytes the C++ kernel prefetches one row's weights ahead
         "mkl_gemm_copies": mkl_gemm_is_faster(),
         "mkl_gemm_min_rows": MKL_GEMM_MIN_ROWS,
         # batched bfloat16 rows multiply float32 copies (a CPU without bfloat16 arithmetic)

@@ -659,6 +659,7 @@ NO_COUNTERPART: dict[str, str] = {
     "minisgl.layers.linear.copy_checked": "SGLang asserts shapes inside each weight_loader",
     "minisgl.layers.linear.shard": "SGLang narrows inside each weight_loader",
     "minisgl.layers.amx_utils.blocked_linear_is_faster": "SGLang's CPU path always packs for its AMX kernels (amx_utils); minisgl probes whether its C++ kernel reads a decode's few rows faster than oneDNN's packed kernel",
+    "minisgl.layers.amx_utils.single_row_prefetch_bytes": "sgl-kernel's CPU GEMM (gemm.cpp, tinygemm_kernel_nn) fixes its prefetch distance at compile time, PREFETCH_SIZE_K = 0 (none), and packs weights into plain at::empty memory; minisgl probes its C++ kernel's single-row distance at load (Xeon and AMD EPYC differ) and puts the copies on huge pages",
     "minisgl.layers.amx_utils.blocked_copies": "what bench/perf.py records of blocked_linear_is_faster; SGLang's CPU kernel choice is cpu_has_amx_support() alone",
     "minisgl.layers.amx_utils.mkl_gemm_is_faster": "SGLang's CPU path always packs for its AMX kernels (amx_utils), else F.linear on the plain weight; minisgl probes whether MKL's GEMM on the plain weight beats oneDNN's packed kernel on a long prefill's rows",
     "minisgl.layers.amx_utils._mkl_gemm_probe": "the timing behind mkl_gemm_is_faster",

@@ -209,7 +209,11 @@ def _blocked_copies(machine: dict) -> str:
     written before it) MKL's single-row GEMV's, in float32."""
     if "blocked_copies" in machine:
         answers = ", ".join(f"{dtype} {'yes' if kept else 'no'}" for dtype, kept in machine["blocked_copies"].items())
-        return f"column-blocked copies for minisgl's C++ kernel at decode's few rows: {answers}"
+        prefetch = ""
+        if "single_row_prefetch" in machine:  # recorded since the distance is probed
+            ahead = machine["single_row_prefetch"]
+            prefetch = f", a single row's weights prefetched {f'{ahead // 1024} KiB ahead' if ahead else 'not at all'}"
+        return f"column-blocked copies for minisgl's C++ kernel at decode's few rows: {answers}{prefetch}"
     return (
         f"column-blocked copies for MKL's single-row GEMV in float32: {'yes' if machine['mkl_gemv_copies'] else 'no'}"
     )

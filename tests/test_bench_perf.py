@@ -17,7 +17,7 @@ import torch
 from transformers import AutoModelForCausalLM
 
 from minisgl.bench_one_batch import load_model
-from minisgl.layers.amx_utils import prepack_weight
+from minisgl.layers.amx_utils import SINGLE_ROW_PREFETCH_CHOICES, prepack_weight
 from minisgl.server_args import ServerArgs
 from minisgl.utils.common import InputError
 from reader.views import REPO_ROOT
@@ -350,6 +350,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert data["process_per_engine"] is True
     has_bfloat16_kernels = torch.backends.mkldnn.is_available() and torch.ops.mkldnn._is_mkldnn_bf16_supported()
     assert data["machine"]["bfloat16_float32_copies"] == (not has_bfloat16_kernels)
+    assert data["machine"]["single_row_prefetch"] in SINGLE_ROW_PREFETCH_CHOICES
     assert data["commit"] == perf.source_commit()  # None where the tests run outside a git checkout
     assert "compiled_prefill_s" not in row and row["decode_speedup"] > 0
     # the engine process's own probe answers (which noise may tip apart from this process's: only their kinds here)
@@ -358,6 +359,7 @@ def test_perf_runs_end_to_end_and_leaves_no_scratch(perf, tmp_path, monkeypatch)
     assert type(probes["mkl_gemm_copies"]) is bool
     assert {type(kept) for kept in probes["blocked_copies"].values()} == {bool}
     assert list(probes["blocked_copies"]) == ["float32", "bfloat16"]
+    assert probes["single_row_prefetch"] in SINGLE_ROW_PREFETCH_CHOICES
     assert list(scratch.iterdir()) == [] and sorted(p.name for p in tmp_path.iterdir()) == ["results.json", "tmp"]
 
 

@@ -9,6 +9,8 @@ aten's RoPE within its addcmul's).
 
 from __future__ import annotations
 
+import sys
+
 import pytest
 import torch
 from transformers import LlamaConfig
@@ -302,6 +304,53 @@ def test_blocked_linear_matches_float64_linear(dtype, threads, rows, out_feature
         torch.testing.assert_close(out.double(), ref, **tolerance)
 
 
+@pytest.mark.parametrize("ahead", amx_utils.SINGLE_ROW_PREFETCH_CHOICES)
+def test_blocked_linear_single_row_at_each_prefetch_distance(ahead):
+    """A single row streams with the distance the probe may set, at each of its choices: the same products (a
+    distance past the end of the copy, as 16 KiB is for the last blocks here, only asks for lines; nothing is read)."""
+    assert cpu_kernels_built()
+    torch.manual_seed(ahead)
+    weight, x = torch.randn(200, 300), torch.randn(1, 300)
+    before = torch.ops.minisgl_cpu.set_single_row_prefetch(ahead)
+    try:
+        out = amx_utils.blocked_linear(x, amx_utils.block_weight(weight), None, 200)
+        assert torch.ops.minisgl_cpu.set_single_row_prefetch(ahead) == ahead
+    finally:
+        torch.ops.minisgl_cpu.set_single_row_prefetch(before)
+    torch.testing.assert_close(out.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
+
+
+def test_single_row_prefetch_probe_sets_the_fastest_distance(monkeypatch):
+    """The probe keeps the distance whose pass took least (here the second, 4 KiB) and leaves it set in the
+    kernel; a distance that is not a multiple of a cache line is refused."""
+    assert cpu_kernels_built()
+    monkeypatch.setattr(amx_utils, "_probe_weights", lambda *_: ([torch.zeros(32, 2048)], []))
+    monkeypatch.setattr(amx_utils, "alternating_seconds", lambda passes, reps=7, statistic=None: [3.0, 1.0, 2.0])
+    before = torch.ops.minisgl_cpu.set_single_row_prefetch(0)
+    try:
+        assert amx_utils.single_row_prefetch_bytes.__wrapped__() == 4096
+        assert torch.ops.minisgl_cpu.set_single_row_prefetch(before) == 4096
+    finally:
+        torch.ops.minisgl_cpu.set_single_row_prefetch(before)
+    for bad in (-64, 100):
+        with pytest.raises(RuntimeError, match=f"a non-negative multiple of 64 bytes, got {bad}"):
+            torch.ops.minisgl_cpu.set_single_row_prefetch(bad)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are Linux's madvise")
+def test_block_weight_puts_large_copies_on_huge_page_boundaries():
+    """A copy of 2 MiB or more starts on a 2 MiB boundary, where Linux can back it with huge pages; it holds the
+    blocked layout, and it is freed and allocated again without a fault."""
+    assert cpu_kernels_built()
+    weight = torch.randn(1000, 1000)  # 4 MB
+    for _ in range(3):
+        blocked = amx_utils.block_weight(weight)
+        assert blocked.data_ptr() % (2 << 20) == 0
+        by_feature = blocked.transpose(1, 2).reshape(-1, 1000)
+        assert torch.equal(by_feature[:1000], weight) and not by_feature[1000:].any()
+        del blocked
+
+
 def test_blocked_linear_float32_rows_over_a_bfloat16_copy():
     """Float32 rows over a bfloat16 weight's copy: float32 products of the bfloat16 weights, a float32 output."""
     assert cpu_kernels_built()
@@ -360,6 +409,7 @@ def test_probes_switch_kernels_only_past_a_10_percent_margin(monkeypatch, ratio)
     monkeypatch.setattr(amx_utils, "_probe_weights", lambda *_: (tiny, [amx_utils.prepack_weight(w) for w in tiny]))
     # each probe times [its alternative, the default]
     monkeypatch.setattr(amx_utils, "alternating_seconds", lambda passes, reps=7, statistic=None: [ratio, 1.0])
+    monkeypatch.setattr(amx_utils, "single_row_prefetch_bytes", lambda: 0)  # probed on its own, below
     assert amx_utils._packed_rows_probe() == (4 if ratio < 0.9 else 1)
     assert amx_utils.blocked_linear_is_faster.__wrapped__(torch.float32) == (ratio < 0.9)
     if not amx_utils.prepack_weight(tiny[0]).is_mkldnn:

@@ -329,6 +329,10 @@ def test_bench_page_names_the_probes_choices(padded_rows, copies, expected):
     assert expected in _machine(machine)
     assert "probes" not in _machine({k: v for k, v in machine.items() if k not in ("padded_rows", key)})
     assert "MKL's GEMM" not in _machine(machine)  # results written before the GEMM copies have no answer
+    if isinstance(copies, dict):  # recorded since the probe picks the distance
+        for ahead, words in ((4096, "prefetched 4 KiB ahead"), (0, "prefetched not at all")):
+            prefetch = _machine({**machine, "single_row_prefetch": ahead})
+            assert f"float32 yes, bfloat16 no, a single row's weights {words}." in prefetch
     gemm = _machine({**machine, "mkl_gemm_copies": padded_rows == 4, "mkl_gemm_min_rows": 512})
     assert (
         f"Plain float32 weights kept for MKL's GEMM on prefills of 512 rows or more: {'yes' if padded_rows == 4 else 'no'}."

@@ -201,6 +201,37 @@ def blocked_linear(
     return torch.ops.minisgl_cpu.blocked_linear(x, blocked, bias, out_features)
 
 
+# How far ahead the C++ kernel may prefetch a single row's weights, in bytes; the kernel's default (16 KiB) first.
+SINGLE_ROW_PREFETCH_CHOICES = (16 * 1024, 4 * 1024, 0)
+
+
+@functools.cache
+def single_row_prefetch_bytes() -> int:
+    """How far ahead of its reads the C++ kernel prefetches a single row's weights: of
+    ``SINGLE_ROW_PREFETCH_CHOICES``, the one that streams the probe's 128 MiB of float32 weights fastest, alternated
+    (the first on a tie). Probed once per process and set in the kernel, for every dtype; 0 where the kernels
+    are not built. A batch-1 decode step is single-row linears: which distance suits them is the CPU's
+    (``csrc/gemm.cpp`` has the figures: 16 KiB on a Xeon, 4 KiB or none on an AMD EPYC Zen 4)."""
+    if not cpu_kernels_built():
+        return 0
+    plain, _ = _probe_weights()
+    blocked = [(block_weight(w), w.shape[0]) for w in plain]
+    x = torch.ones(1, plain[0].shape[1])
+
+    def stream(ahead: int) -> Callable[[], object]:
+        def run() -> None:
+            torch.ops.minisgl_cpu.set_single_row_prefetch(ahead)
+            for weight, out_features in blocked:
+                blocked_linear(x, weight, None, out_features)
+
+        return run
+
+    seconds = alternating_seconds([stream(ahead) for ahead in SINGLE_ROW_PREFETCH_CHOICES])
+    chosen = SINGLE_ROW_PREFETCH_CHOICES[seconds.index(min(seconds))]
+    torch.ops.minisgl_cpu.set_single_row_prefetch(chosen)
+    return chosen
+
+
 @functools.cache
 def blocked_linear_is_faster(dtype: torch.dtype) -> bool:
     """Whether the C++ kernel over column-blocked copies multiplies 1 and 8 rows of ``dtype`` at least 10% faster,
@@ -217,6 +248,7 @@ def blocked_linear_is_faster(dtype: torch.dtype) -> bool:
     """
     if not cpu_kernels_built():
         return False
+    single_row_prefetch_bytes()  # the kernel is timed at its distance
     plain, current = _probe_weights(dtype)
     for weight in current:
         keep_float32_copy(weight)

@@ -14,12 +14,18 @@
 #include <ATen/core/Tensor.h>
 #include <ATen/cpu/vec/vec.h>
 #include <ATen/ops/empty.h>
+#include <ATen/ops/from_blob.h>
 #include <ATen/ops/zeros.h>
 #include <c10/util/BFloat16.h>
 #include <torch/library.h>
 
 #include <algorithm>
+#include <vector>
+#ifdef __linux__
+#include <sys/mman.h>
+#endif
 #include <type_traits>
+#include <utility>
 
 namespace {
 
@@ -37,14 +43,20 @@ constexpr int64_t kTileK = 128;
 // -> with, alternated: 1 row 17.4 -> 19.2, 4 rows 10.4 -> 16.5, 8 rows 10.1 -> 14.4, 16 rows 7.2 -> 9.2; 8 and 32 KiB
 // ahead read alike, 64 a little slower, and prefetchnta (no L2 copy) was slower than none.
 constexpr int64_t kPrefetchBytes = 16 * 1024;
+// A single row's distance is set at load by a probe (amx_utils.single_row_prefetch_bytes): one row consumes its
+// stream fastest, and on an AMD EPYC Zen 4 VM 16 KiB ahead was the slowest distance for it, where several rows
+// read best at 16 as on the Xeon. SmolLM2's linears and head, one row, ms per step, alternated, medians: in the
+// VM's fast phase (a 1 GiB sum at 52-62 GB/s, 53 rounds) 16 KiB 13.31, 4 KiB 12.54, none 12.20; in its slow phase
+// (30-34 GB/s, 7 rounds) 17.75, 18.50, 17.91.
+int64_t single_row_prefetch_bytes = kPrefetchBytes;
 
-// Asks for the cache lines of `ks` ks of a block's weights, kPrefetchBytes ahead of `w`. Blocks lie one after
-// another, so past a block's last k this is the next block's first: the thread's one stream, front to back.
+// Asks for the cache lines of `ks` ks of a block's weights, `ahead` bytes past `w`. Blocks lie one after another,
+// so past a block's last k this is the next block's first: the thread's one stream, front to back.
 template <typename W>
-__attribute__((always_inline)) inline void prefetch_ahead(const W* w, int64_t ks) {
-  const char* ahead = reinterpret_cast<const char*>(w) + kPrefetchBytes;
+__attribute__((always_inline)) inline void prefetch_ahead(const W* w, int64_t ks, int64_t ahead) {
+  const char* next = reinterpret_cast<const char*>(w) + ahead;
   for (int64_t byte = 0; byte < ks * kCols * static_cast<int64_t>(sizeof(W)); byte += 64)
-    __builtin_prefetch(ahead + byte, 0, 2);
+    __builtin_prefetch(next + byte, 0, 2);
 }
 
 template <typename W>
@@ -58,12 +70,12 @@ inline void load_cols(const W* w, Vec& lo, Vec& hi) {
 }
 
 // ROWS rows of x (row stride K, from the tile's first k) times a tile of n ks of one block (w); the sums start at
-// zero (the first tile) or at `sums`. `streams`: the group that reads the tile from memory (the first), which
-// prefetches; the others find it in L1. Forced inline: compiled as a call, the accumulators went to memory and 8 rows
-// took 1.8x the time.
+// zero (the first tile) or at `sums`. `prefetch`: how far ahead the group that reads the tile from memory (the
+// first) prefetches; 0 for the others, which find it in L1, and where the probe found no prefetch the fastest.
+// Forced inline: compiled as a call, the accumulators went to memory and 8 rows took 1.8x the time.
 template <int ROWS, typename W>
 __attribute__((always_inline)) inline void
-row_group(const float* x, int64_t K, const W* w, int64_t n, float* sums, bool first, bool streams) {
+row_group(const float* x, int64_t K, const W* w, int64_t n, float* sums, bool first, int64_t prefetch) {
   Vec acc[ROWS][2];
   for (int r = 0; r < ROWS; ++r) {
     acc[r][0] = first ? Vec(0.f) : Vec::loadu(sums + r * kCols);
@@ -76,7 +88,7 @@ row_group(const float* x, int64_t K, const W* w, int64_t n, float* sums, bool fi
     for (int r = 0; r < ROWS; ++r) odd[r][0] = odd[r][1] = Vec(0.f);
     for (; k + 1 < n; k += 2) {
       Vec w0, w1, v0, v1;
-      if (streams) prefetch_ahead(w + k * kCols, 2);
+      if (prefetch) prefetch_ahead(w + k * kCols, 2, prefetch);
       load_cols(w + k * kCols, w0, w1);
       load_cols(w + (k + 1) * kCols, v0, v1);
       for (int r = 0; r < ROWS; ++r) {
@@ -91,7 +103,7 @@ row_group(const float* x, int64_t K, const W* w, int64_t n, float* sums, bool fi
   }
   for (; k < n; ++k) {
     Vec w0, w1;
-    if (streams) prefetch_ahead(w + k * kCols, 1);
+    if (prefetch) prefetch_ahead(w + k * kCols, 1, prefetch);
     load_cols(w + k * kCols, w0, w1);
     for (int r = 0; r < ROWS; ++r) {
       const Vec xr(x[r * K + k]);
@@ -107,39 +119,41 @@ row_group(const float* x, int64_t K, const W* w, int64_t n, float* sums, bool fi
 
 template <typename W>
 __attribute__((always_inline)) inline void
-row_groups(const float* x, int64_t rows, int64_t K, const W* w, int64_t n, float* sums, bool first, bool streams) {
+row_groups(const float* x, int64_t rows, int64_t K, const W* w, int64_t n, float* sums, bool first, int64_t prefetch) {
   for (int64_t m = 0; m < rows; m += kRows) {
     const float* xm = x + m * K;
     float* sm = sums + m * kCols;
     switch (std::min(kRows, rows - m)) {
-      case 4: row_group<4>(xm, K, w, n, sm, first, streams && m == 0); break;
-      case 3: row_group<3>(xm, K, w, n, sm, first, streams && m == 0); break;
-      case 2: row_group<2>(xm, K, w, n, sm, first, streams && m == 0); break;
-      default: row_group<1>(xm, K, w, n, sm, first, streams && m == 0); break;
+      case 4: row_group<4>(xm, K, w, n, sm, first, m == 0 ? prefetch : 0); break;
+      case 3: row_group<3>(xm, K, w, n, sm, first, m == 0 ? prefetch : 0); break;
+      case 2: row_group<2>(xm, K, w, n, sm, first, m == 0 ? prefetch : 0); break;
+      default: row_group<1>(xm, K, w, n, sm, first, m == 0 ? prefetch : 0); break;
     }
   }
 }
 
 // One block's tile of ks for `rows` rows. Bfloat16 weights read by several row groups are widened once, into L1.
 template <typename W>
-inline void block_tile(const float* x, int64_t rows, int64_t K, const W* block, int64_t k0, int64_t k1, float* sums) {
+inline void block_tile(const float* x, int64_t rows, int64_t K, const W* block, int64_t k0, int64_t k1, float* sums,
+                       int64_t prefetch) {
   const W* tile = block + k0 * kCols;
   const int64_t n = k1 - k0;
-  if (std::is_same_v<W, float> || rows <= kRows) return row_groups(x + k0, rows, K, tile, n, sums, k0 == 0, true);
+  if (std::is_same_v<W, float> || rows <= kRows) return row_groups(x + k0, rows, K, tile, n, sums, k0 == 0, prefetch);
   alignas(64) float wide[kTileK * kCols];
   for (int64_t i = 0; i < n * kCols; i += kCols) {
-    prefetch_ahead(tile + i, 1);
+    prefetch_ahead(tile + i, 1, kPrefetchBytes);
     Vec lo, hi;
     load_cols(tile + i, lo, hi);
     lo.store(wide + i);
     hi.store(wide + i + kVec);
   }
-  row_groups<float>(x + k0, rows, K, wide, n, sums, k0 == 0, false);
+  row_groups<float>(x + k0, rows, K, wide, n, sums, k0 == 0, 0);
 }
 
 template <typename W, typename T>
 void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const T* bias, int64_t N, T* out) {
   const int64_t blocks = (N + kCols - 1) / kCols;
+  const int64_t prefetch = M == 1 ? single_row_prefetch_bytes : kPrefetchBytes;
   // Each thread takes a contiguous range of blocks: one forward stream of weights per core.
   at::parallel_for(0, blocks, 1, [&](int64_t begin, int64_t end) {
     alignas(64) float sums[kChunkRows * kCols];
@@ -150,7 +164,7 @@ void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const
         const int64_t rows = std::min(kChunkRows, M - m0);
         // k0 == 0 runs once even where K is 0, so that the sums start at zero
         for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kTileK)
-          block_tile(x + m0 * K, rows, K, block, k0, std::min(K, k0 + kTileK), sums);
+          block_tile(x + m0 * K, rows, K, block, k0, std::min(K, k0 + kTileK), sums, prefetch);
         for (int64_t r = 0; r < rows; ++r) {
           T* out_row = out + (m0 + r) * N + b * kCols;
           for (int64_t c = 0; c < cols; ++c) {
@@ -163,6 +177,30 @@ void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const
   });
 }
 
+// An empty tensor whose memory the kernel may back with 2 MiB pages (Linux's transparent huge pages, where they
+// are on "madvise", as on these VMs, or "always"), elsewhere a plain one. A step streams every weight once: with 4
+// KiB pages that is a TLB miss every 4 KiB (131k for SmolLM2's 538 MB), with 2 MiB pages one per 2 MiB. The same
+// alternated runs as for the prefetch distance, 4 KiB pages -> huge pages: 4 KiB ahead 12.54 -> 11.58 (fast phase),
+// 18.50 -> 17.35 (slow); 16 KiB ahead 13.31 -> 13.19, 17.75 -> 17.12.
+at::Tensor huge_page_empty(const std::vector<int64_t>& sizes, const at::TensorOptions& options) {
+#ifdef MADV_HUGEPAGE
+  int64_t elements = 1;
+  for (int64_t size : sizes) elements *= size;
+  constexpr size_t kHugePage = size_t{2} << 20;
+  const size_t bytes = static_cast<size_t>(elements) * options.dtype().itemsize();
+  const size_t length = bytes + kHugePage;  // room to start on a 2 MiB boundary: only aligned pages can be huge
+  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (bytes >= kHugePage && base != MAP_FAILED) {
+    const auto start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
+    madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);  // advice: where refused, 4 KiB pages stay
+    return at::from_blob(reinterpret_cast<void*>(start), sizes, [base, length](void*) { munmap(base, length); },
+                         options);
+  }
+  if (base != MAP_FAILED) munmap(base, length);
+#endif
+  return at::empty(sizes, options);
+}
+
 // [N, K] -> [ceil(N / kCols), K, kCols], the last block's missing features zero.
 at::Tensor block_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "block_weight: weight must be [out, in], got ", weight.sizes());
@@ -171,7 +209,15 @@ at::Tensor block_weight(const at::Tensor& weight) {
   const int64_t N = weight.size(0), K = weight.size(1), blocks = (N + kCols - 1) / kCols;
   auto padded = at::zeros({blocks * kCols, K}, weight.options());
   padded.narrow(0, 0, N).copy_(weight);
-  return padded.view({blocks, kCols, K}).transpose(1, 2).contiguous();
+  auto blocked = huge_page_empty({blocks, K, kCols}, weight.options());
+  return blocked.copy_(padded.view({blocks, kCols, K}).transpose(1, 2));
+}
+
+// Sets how far ahead a single row's stream prefetches (0: not at all); returns the distance it replaces.
+int64_t set_single_row_prefetch(int64_t bytes) {
+  TORCH_CHECK(bytes >= 0 && bytes % 64 == 0, "set_single_row_prefetch: a non-negative multiple of 64 bytes, got ",
+              bytes);
+  return std::exchange(single_row_prefetch_bytes, bytes);
 }
 
 at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocked, const c10::optional<at::Tensor>& bias,
@@ -213,6 +259,7 @@ at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocked, const 
 TORCH_LIBRARY_FRAGMENT(minisgl_cpu, m) {
   m.def("block_weight(Tensor weight) -> Tensor");
   m.def("blocked_linear(Tensor x, Tensor blocked, Tensor? bias, int out_features) -> Tensor");
+  m.def("set_single_row_prefetch(int bytes) -> int", &set_single_row_prefetch);  // no tensor: every backend
 }
 
 TORCH_LIBRARY_IMPL(minisgl_cpu, CPU, m) {
