@@ -276,14 +276,14 @@ def test_blocked_copy_serves_few_rows_only_and_matches_plain_linear(monkeypatch,
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-@pytest.mark.parametrize("threads", [1, 2])
+@pytest.mark.parametrize("threads", [1, 2, 5])  # 5: more threads than cores, so some take others' blocks
 @pytest.mark.parametrize(("rows", "out_features", "in_features"), [(1, 48, 40), (2, 50, 129), (3, 100, 37), (4, 960, 576), (6, 40, 256), (8, 64, 1536), (13, 33, 7), (14, 70, 130), (40, 17, 300)])  # fmt: skip
 @pytest.mark.parametrize("x_layout", ["contiguous", "strided"])
 def test_blocked_linear_matches_float64_linear(dtype, threads, rows, out_features, in_features, x_layout):
     """The C++ kernel against float64 ``F.linear``: row counts whose last group of four has 1-4 rows (and more than
     its chunk of 16), feature counts that fill its blocks or not, inputs past one tile of ks (128) or inside one, with
-    a bias and without, a strided input, on one thread and two. Float32 sums stay within float32 rounding; bfloat16
-    outputs are the float32 sum rounded once."""
+    a bias and without, a strided input, on one thread, two, and more threads than blocks or cores. Float32 sums stay
+    within float32 rounding; bfloat16 outputs are the float32 sum rounded once."""
     assert cpu_kernels_built()
     torch.manual_seed(rows)
     weight = torch.randn(out_features, in_features).to(dtype)
