@@ -21,12 +21,13 @@
 
 #include <algorithm>
 #include <atomic>
+#include <type_traits>
+#include <utility>
 #include <vector>
+
 #ifdef __linux__
 #include <sys/mman.h>
 #endif
-#include <type_traits>
-#include <utility>
 
 namespace {
 
@@ -208,14 +209,14 @@ at::Tensor huge_page_empty(const std::vector<int64_t>& sizes, const at::TensorOp
   constexpr size_t kHugePage = size_t{2} << 20;
   const size_t bytes = static_cast<size_t>(elements) * options.dtype().itemsize();
   const size_t length = bytes + kHugePage;  // room to start on a 2 MiB boundary: only aligned pages can be huge
-  void* base = mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
-  if (bytes >= kHugePage && base != MAP_FAILED) {
+  void* base = bytes >= kHugePage ? mmap(nullptr, length, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+                                  : MAP_FAILED;  // smaller copies hold no whole huge page: plain memory
+  if (base != MAP_FAILED) {
     const auto start = (reinterpret_cast<uintptr_t>(base) + kHugePage - 1) & ~(kHugePage - 1);
     madvise(reinterpret_cast<void*>(start), bytes, MADV_HUGEPAGE);  // advice: where refused, 4 KiB pages stay
     return at::from_blob(reinterpret_cast<void*>(start), sizes, [base, length](void*) { munmap(base, length); },
                          options);
   }
-  if (base != MAP_FAILED) munmap(base, length);
 #endif
   return at::empty(sizes, options);
 }
