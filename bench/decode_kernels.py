@@ -2,6 +2,7 @@
 
     python bench/decode_kernels.py                           # SmolLM2, float32 and bfloat16, 1, 4, 8 rows (~1 min)
     python bench/decode_kernels.py --models dummy134 --rows 1 2 --reps 9
+    python bench/decode_kernels.py --levers --dtypes float32 --rows 1 8 --reps 40   # the C++ kernel's levers
 
 A decode step's linears read every weight once, so their time is the kernel's read rate. For each dtype and row
 count this times the candidate kernels over random weights of the model's own linear shapes (qkv and gate_up
@@ -14,6 +15,12 @@ eager engine's ``apply_linear`` runs after this process's probes (a compiled gra
 choice). The last column is that kernel's rate over the fastest one's; below 1, a faster kernel exists at these
 shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs only, the blocked copies on 1 and
 8 rows together, and five repetitions on a shared VM carry noise.
+
+``--levers`` times the C++ kernel alone, as loaded and with each of its levers undone, alternated: each single-row
+prefetch distance the probe chooses from (``single_row_prefetch_bytes``; several rows keep 16 KiB), the copies on
+4 KiB pages (not ``block_weight``'s huge-page memory) and the static split (no work sharing). The table shows ms
+per pass over the model's weights, with a memory read sample (``perf.read_bandwidth``) before and after: a shared
+VM's bandwidth changes in phases, and a comparison holds within one.
 """
 
 from __future__ import annotations
@@ -25,11 +32,13 @@ from collections.abc import Callable
 import torch
 import torch.nn.functional as F
 from engines import DTYPES, MODELS, decode_linear_weights, dummy_model, model_paths
+from perf import read_bandwidth
 from rich.console import Console
 from rich.table import Table
 
 from minisgl.layers.amx_utils import (
     BLOCKED_MAX_ROWS,
+    SINGLE_ROW_PREFETCH_CHOICES,
     alternating_seconds,
     apply_linear,
     block_weight,
@@ -39,6 +48,7 @@ from minisgl.layers.amx_utils import (
     min_packed_rows,
     multiplies_in_float32,
     prepack_weight,
+    single_row_prefetch_bytes,
 )
 from minisgl.layers.cpu_kernels import cpu_kernels_built
 
@@ -77,6 +87,40 @@ def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
     return kernels
 
 
+AS_LOADED, SMALL_PAGES, STATIC_SPLIT = "as loaded", "4 KiB pages", "static split"
+
+
+def prefetch_lever(ahead: int) -> str:
+    return f"{ahead // 1024} KiB ahead" if ahead else "no prefetch"
+
+
+def kernel_levers(plain: list[torch.Tensor], rows: int) -> dict[str, Kernel]:
+    """The C++ kernel over ``plain``'s blocked copies as the probes set it up, and with one lever changed each: at
+    one row every other prefetch distance, then the copies on 4 KiB pages and the static split. Each pass sets the
+    kernel's knobs it runs with; ``restore_levers`` puts back the loaded ones."""
+    chosen = single_row_prefetch_bytes()
+    huge = [block_weight(w) for w in plain]
+    small_pages = [torch.empty_like(b).copy_(b) for b in huge]  # the CPU allocator's memory: no huge-page advice
+
+    def run(copies: list[torch.Tensor], ahead: int, sharing: bool) -> Kernel:
+        def kernel(xs: list[torch.Tensor]) -> list[torch.Tensor]:
+            torch.ops.minisgl_cpu.set_single_row_prefetch(ahead)
+            torch.ops.minisgl_cpu.set_work_sharing(sharing)
+            return [blocked_linear(x, b, None, len(w)) for x, b, w in zip(xs, copies, plain)]
+
+        return kernel
+
+    levers = {AS_LOADED: run(huge, chosen, True)}
+    if rows == 1:
+        levers |= {prefetch_lever(a): run(huge, a, True) for a in SINGLE_ROW_PREFETCH_CHOICES if a != chosen}
+    return levers | {SMALL_PAGES: run(small_pages, chosen, True), STATIC_SPLIT: run(huge, chosen, False)}
+
+
+def restore_levers() -> None:
+    torch.ops.minisgl_cpu.set_single_row_prefetch(single_row_prefetch_bytes())
+    torch.ops.minisgl_cpu.set_work_sharing(True)
+
+
 def picked_kernel(dtype: torch.dtype, rows: int, kernels: dict[str, Kernel]) -> str:
     """The kernel ``apply_linear`` runs for ``rows`` rows of this dtype after this process's probes."""
     if rows <= BLOCKED_MAX_ROWS and BLOCKED in kernels and blocked_linear_is_faster(dtype):
@@ -92,15 +136,51 @@ def time_kernels(kernels: dict[str, Kernel], xs: list[torch.Tensor], reps: int) 
     return dict(zip(kernels, seconds))
 
 
+def lever_table(args: argparse.Namespace, paths: dict[str, str]) -> Table:
+    """``--levers``: ms per pass of the C++ kernel over each model's weights, as loaded and with each lever undone."""
+    chosen = prefetch_lever(single_row_prefetch_bytes())
+    table = Table(title=f"C++ decode kernel, ms per pass over the weights (median); as loaded: single row {chosen}, "
+                        "huge pages, work sharing")  # fmt: skip
+    names = [AS_LOADED, *(prefetch_lever(a) for a in SINGLE_ROW_PREFETCH_CHOICES if prefetch_lever(a) != chosen)]
+    for column in ("model", "dtype", "rows", "GB/s before", *names, SMALL_PAGES, STATIC_SPLIT, "GB/s after"):
+        table.add_column(column, justify="right")
+    for model_name in args.models:
+        shapes = linear_shapes(paths[model_name])
+        for dtype_name in args.dtypes:
+            plain = [torch.randn(shape).mul_(0.02).to(DTYPES[dtype_name]) for shape in shapes]
+            for rows in args.rows:
+                levers = kernel_levers(plain, rows)
+                xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in plain]
+                before = read_bandwidth()
+                try:
+                    seconds = time_kernels(levers, xs, args.reps)
+                finally:
+                    restore_levers()
+                cells = [
+                    f"{seconds[n] * 1e3:.2f}" if n in seconds else "-" for n in (*names, SMALL_PAGES, STATIC_SPLIT)
+                ]
+                table.add_row(model_name, dtype_name, str(rows), f"{before / 1e9:.1f}", *cells,
+                              f"{read_bandwidth() / 1e9:.1f}")  # fmt: skip
+                del levers  # the closures hold both copies of the weights
+    return table
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--models", nargs="+", default=["smollm2"], choices=MODELS)
     parser.add_argument("--dtypes", nargs="+", default=list(DTYPES), choices=list(DTYPES))
     parser.add_argument("--rows", nargs="+", type=int, default=[1, 4, 8], help="decode batch sizes")
     parser.add_argument("--reps", type=int, default=5)
+    parser.add_argument("--levers", action="store_true", help="the C++ kernel alone, with each of its levers undone")
     args = parser.parse_args(argv)
     if min(args.rows) < 1 or args.reps < 1:
         parser.error("--rows and --reps: 1 or more")
+    if args.levers and not cpu_kernels_built():
+        parser.error("--levers times minisgl's C++ kernel, which did not build here (see the line above)")
+    if args.levers:
+        with tempfile.TemporaryDirectory(prefix="minisgl-kernels-") as scratch:
+            Console(width=160).print(lever_table(args, model_paths(args.models, scratch)))
+        return
     console = Console(width=160)  # piped to a file, rich would wrap every cell at 80 columns
     padding = "to 4 rows" if min_packed_rows() == 4 else "none"
     copies = ", ".join(f"{name} {'yes' if kept else 'no'}" for name, kept in blocked_copies().items())

@@ -504,6 +504,30 @@ def test_decode_kernel_variants_all_compute_the_linear(decode_kernels, dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_decode_kernel_levers_all_compute_the_linear(decode_kernels, dtype):
+    """``--levers``: every variant of the C++ kernel returns x @ W^T (float64 reference), the prefetch distances
+    only at one row, where the kernel uses them; afterwards the kernel runs as loaded again."""
+    from minisgl.layers import amx_utils
+
+    torch.manual_seed(1)
+    plain = [torch.randn(48, 40).to(dtype), torch.randn(24, 48).to(dtype)]
+    for rows in (1, 3):
+        levers = decode_kernels.kernel_levers(plain, rows)
+        distances = 2 if rows == 1 else 0  # the choices besides the loaded one
+        assert len(levers) == 3 + distances and decode_kernels.AS_LOADED in levers
+        xs = [torch.randn(rows, w.shape[1]).to(dtype) for w in plain]
+        for name, kernel in levers.items():
+            for out, x, w in zip(kernel(xs), xs, plain):
+                ref = x.double() @ w.double().t()
+                tolerance = {"atol": 1e-4 if dtype == torch.float32 else 0.1, "rtol": 0.02}
+                torch.testing.assert_close(out.double(), ref, **tolerance, msg=lambda m, name=name: f"{name}: {m}")
+        decode_kernels.restore_levers()
+        assert torch.ops.minisgl_cpu.set_work_sharing(True)
+        loaded = amx_utils.single_row_prefetch_bytes()
+        assert torch.ops.minisgl_cpu.set_single_row_prefetch(loaded) == loaded
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("blocked_copies", [False, True])
 @pytest.mark.parametrize("padded_rows", [1, 4])
 def test_decode_kernels_marks_the_kernel_apply_linear_runs(

@@ -320,6 +320,28 @@ def test_blocked_linear_single_row_at_each_prefetch_distance(ahead):
     torch.testing.assert_close(out.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
 
 
+@pytest.mark.parametrize("threads", [2, 5])
+def test_blocked_linear_without_work_sharing(threads):
+    """With the work sharing off (bench/decode_kernels.py --levers measures what it buys), each thread runs its own
+    range and no other: every block is still computed once, the same products as with it on."""
+    assert cpu_kernels_built()
+    torch.manual_seed(threads)
+    weight, x = torch.randn(300, 200), torch.randn(3, 200)
+    blocked = amx_utils.block_weight(weight)
+    before_threads = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    assert torch.ops.minisgl_cpu.set_work_sharing(False)  # on by default
+    try:
+        static = amx_utils.blocked_linear(x, blocked, None, 300)
+        assert not torch.ops.minisgl_cpu.set_work_sharing(True)
+        shared = amx_utils.blocked_linear(x, blocked, None, 300)
+    finally:
+        torch.ops.minisgl_cpu.set_work_sharing(True)
+        torch.set_num_threads(before_threads)
+    torch.testing.assert_close(static.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
+    assert torch.equal(static, shared)  # each block's sums run in the same order, whichever thread runs it
+
+
 def test_single_row_prefetch_probe_sets_the_fastest_distance(monkeypatch):
     """The probe keeps the distance whose pass took least (here the second, 4 KiB) and leaves it set in the
     kernel; a distance that is not a multiple of a cache line is refused."""

@@ -51,6 +51,9 @@ constexpr int64_t kPrefetchBytes = 16 * 1024;
 // VM's fast phase (a 1 GiB sum at 52-62 GB/s, 53 rounds) 16 KiB 13.31, 4 KiB 12.54, none 12.20; in its slow phase
 // (30-34 GB/s, 7 rounds) 17.75, 18.50, 17.91.
 int64_t single_row_prefetch_bytes = kPrefetchBytes;
+// Whether threads done with their own blocks claim the others' (below); off only to measure what it buys
+// (bench/decode_kernels.py --levers).
+bool work_sharing = true;
 
 // Asks for the cache lines of `ks` ks of a block's weights, `ahead` bytes past `w`. Blocks lie one after another,
 // so past a block's last k this is the next block's first: the thread's one stream, front to back.
@@ -162,6 +165,7 @@ void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const
   // its linears at one row on an AMD EPYC Zen 4 VM, alternated, ms, medians of 40 rounds (fast phase) and 260
   // (slow): 12.16 -> 11.54, 17.98 -> 17.36; eight rows 20.51 -> 20.06, 22.77 -> 22.35.
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(at::get_num_threads(), blocks));
+  const int64_t claimed_ranges = work_sharing ? threads : 1;  // its own range first, then the others' in turn
   std::vector<std::atomic<int64_t>> next_block(threads);
   std::vector<int64_t> range_end(threads);
   for (int64_t t = 0; t < threads; ++t) {
@@ -189,7 +193,7 @@ void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const
   at::parallel_for(0, threads, 1, [&](int64_t first, int64_t last) {
     alignas(64) float sums[kChunkRows * kCols];
     for (int64_t t = first; t < last; ++t)
-      for (int64_t i = 0; i < threads; ++i) {
+      for (int64_t i = 0; i < claimed_ranges; ++i) {
         const int64_t owner = (t + i) % threads;
         for (int64_t b; (b = next_block[owner].fetch_add(1, std::memory_order_relaxed)) < range_end[owner];)
           run_block(b, sums);
@@ -240,6 +244,10 @@ int64_t set_single_row_prefetch(int64_t bytes) {
   return std::exchange(single_row_prefetch_bytes, bytes);
 }
 
+// Turns the work sharing on or off (off: each thread runs its own range, a static split); returns the setting it
+// replaces.
+bool set_work_sharing(bool on) { return std::exchange(work_sharing, on); }
+
 at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocked, const c10::optional<at::Tensor>& bias,
                           int64_t out_features) {
   TORCH_CHECK(x.dim() == 2, "blocked_linear: x must be [rows, in], got ", x.sizes());
@@ -280,6 +288,7 @@ TORCH_LIBRARY_FRAGMENT(minisgl_cpu, m) {
   m.def("block_weight(Tensor weight) -> Tensor");
   m.def("blocked_linear(Tensor x, Tensor blocked, Tensor? bias, int out_features) -> Tensor");
   m.def("set_single_row_prefetch(int bytes) -> int", &set_single_row_prefetch);  // no tensor: every backend
+  m.def("set_work_sharing(bool on) -> bool", &set_work_sharing);
 }
 
 TORCH_LIBRARY_IMPL(minisgl_cpu, CPU, m) {
