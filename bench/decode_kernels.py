@@ -94,6 +94,11 @@ def prefetch_lever(ahead: int) -> str:
     return f"{ahead // 1024} KiB ahead" if ahead else "no prefetch"
 
 
+def other_distances() -> list[int]:
+    """The single-row prefetch distances the probe did not choose."""
+    return [ahead for ahead in SINGLE_ROW_PREFETCH_CHOICES if ahead != single_row_prefetch_bytes()]
+
+
 def kernel_levers(plain: list[torch.Tensor], rows: int) -> dict[str, Kernel]:
     """The C++ kernel over ``plain``'s blocked copies as the probes set it up, and with one lever changed each: at
     one row every other prefetch distance, then the copies on 4 KiB pages and the static split. Each pass sets the
@@ -112,7 +117,7 @@ def kernel_levers(plain: list[torch.Tensor], rows: int) -> dict[str, Kernel]:
 
     levers = {AS_LOADED: run(huge, chosen, True)}
     if rows == 1:
-        levers |= {prefetch_lever(a): run(huge, a, True) for a in SINGLE_ROW_PREFETCH_CHOICES if a != chosen}
+        levers |= {prefetch_lever(ahead): run(huge, ahead, True) for ahead in other_distances()}
     return levers | {SMALL_PAGES: run(small_pages, chosen, True), STATIC_SPLIT: run(huge, chosen, False)}
 
 
@@ -141,8 +146,8 @@ def lever_table(args: argparse.Namespace, paths: dict[str, str]) -> Table:
     chosen = prefetch_lever(single_row_prefetch_bytes())
     table = Table(title=f"C++ decode kernel, ms per pass over the weights (median); as loaded: single row {chosen}, "
                         "huge pages, work sharing")  # fmt: skip
-    names = [AS_LOADED, *(prefetch_lever(a) for a in SINGLE_ROW_PREFETCH_CHOICES if prefetch_lever(a) != chosen)]
-    for column in ("model", "dtype", "rows", "GB/s before", *names, SMALL_PAGES, STATIC_SPLIT, "GB/s after"):
+    names = [AS_LOADED, *map(prefetch_lever, other_distances()), SMALL_PAGES, STATIC_SPLIT]
+    for column in ("model", "dtype", "rows", "GB/s before", *names, "GB/s after"):
         table.add_column(column, justify="right")
     for model_name in args.models:
         shapes = linear_shapes(paths[model_name])
@@ -156,9 +161,7 @@ def lever_table(args: argparse.Namespace, paths: dict[str, str]) -> Table:
                     seconds = time_kernels(levers, xs, args.reps)
                 finally:
                     restore_levers()
-                cells = [
-                    f"{seconds[n] * 1e3:.2f}" if n in seconds else "-" for n in (*names, SMALL_PAGES, STATIC_SPLIT)
-                ]
+                cells = [f"{seconds[n] * 1e3:.2f}" if n in seconds else "-" for n in names]
                 table.add_row(model_name, dtype_name, str(rows), f"{before / 1e9:.1f}", *cells,
                               f"{read_bandwidth() / 1e9:.1f}")  # fmt: skip
                 del levers  # the closures hold both copies of the weights

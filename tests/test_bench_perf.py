@@ -527,6 +527,18 @@ def test_decode_kernel_levers_all_compute_the_linear(decode_kernels, dtype):
         assert torch.ops.minisgl_cpu.set_single_row_prefetch(loaded) == loaded
 
 
+def test_decode_kernels_levers_table(decode_kernels, monkeypatch, capsys):
+    """``python bench/decode_kernels.py --levers`` on dummy134: a row per row count, a time in every lever's column
+    (the prefetch distances only at one row) and the bandwidth samples around it."""
+    monkeypatch.setattr(decode_kernels, "read_bandwidth", lambda: 42e9)  # a 1 GiB read per sample: not needed here
+    decode_kernels.main(["--levers", "--models", "dummy134", "--dtypes", "float32", "--rows", "1", "2", "--reps", "1"])
+    rows = [line.split("│")[1:-1] for line in capsys.readouterr().out.splitlines() if "dummy134" in line]
+    assert [[cell.strip() for cell in row][2:4] for row in rows] == [["1", "42.0"], ["2", "42.0"]]
+    times = [[float(cell) if cell.strip() != "-" else None for cell in row[4:-1]] for row in rows]
+    assert all(t is not None and t > 0 for t in times[0]) and times[1].count(None) == 2
+    assert all(row[-1].strip() == "42.0" for row in rows)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("blocked_copies", [False, True])
 @pytest.mark.parametrize("padded_rows", [1, 4])
