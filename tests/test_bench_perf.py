@@ -505,16 +505,16 @@ def test_decode_kernel_variants_all_compute_the_linear(decode_kernels, dtype):
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_kernel_levers_all_compute_the_linear(decode_kernels, dtype):
-    """``--levers``: every variant of the C++ kernel returns x @ W^T (float64 reference), the prefetch distances
-    only at one row, where the kernel uses them; afterwards the kernel runs as loaded again."""
+    """``--levers``: every variant of the C++ kernel (the loaded one, the two other prefetch distances, 4 KiB pages,
+    the static split) returns x @ W^T (float64 reference) at one row and several; afterwards the kernel runs as
+    loaded again."""
     from minisgl.layers import amx_utils
 
     torch.manual_seed(1)
     plain = [torch.randn(48, 40).to(dtype), torch.randn(24, 48).to(dtype)]
+    levers = decode_kernels.kernel_levers(plain)
+    assert len(levers) == 5 and decode_kernels.AS_LOADED in levers
     for rows in (1, 3):
-        levers = decode_kernels.kernel_levers(plain, rows)
-        distances = 2 if rows == 1 else 0  # the choices besides the loaded one
-        assert len(levers) == 3 + distances and decode_kernels.AS_LOADED in levers
         xs = [torch.randn(rows, w.shape[1]).to(dtype) for w in plain]
         for name, kernel in levers.items():
             for out, x, w in zip(kernel(xs), xs, plain):
