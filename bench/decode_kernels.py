@@ -18,7 +18,8 @@ shapes: the probes switch only past a 10% margin, padding is probed on AMX CPUs 
 
 ``--levers`` times the C++ kernel alone, as loaded and with each of its levers undone, alternated: each single-row
 prefetch distance the probe chooses from (``single_row_prefetch_bytes``; several rows keep 16 KiB), the copies on
-4 KiB pages (not ``block_weight``'s huge-page memory) and the static split (no work sharing). The table shows ms
+4 KiB pages (not ``block_weight``'s huge-page memory), the static split (no work sharing) and, for bfloat16 copies
+made in pairs of ks for AVX512-BF16's dot products, the widened copies (``set_bfloat16_pairs(False)``). The table shows ms
 per pass over the model's weights, with a memory read sample (``perf.read_bandwidth``) before and after: a shared
 VM's bandwidth changes in phases, and a comparison holds within one.
 """
@@ -87,7 +88,7 @@ def kernel_variants(plain: list[torch.Tensor]) -> dict[str, Kernel]:
     return kernels
 
 
-AS_LOADED, SMALL_PAGES, STATIC_SPLIT = "as loaded", "4 KiB pages", "static split"
+AS_LOADED, SMALL_PAGES, STATIC_SPLIT, WIDENED = "as loaded", "4 KiB pages", "static split", "bfloat16 widened"
 
 
 def prefetch_lever(ahead: int) -> str:
@@ -101,8 +102,9 @@ def other_distances() -> list[int]:
 
 def kernel_levers(plain: list[torch.Tensor]) -> dict[str, Kernel]:
     """The C++ kernel over ``plain``'s blocked copies as the probes set it up, and with one lever changed each: every
-    other single-row prefetch distance (which only one row uses), the copies on 4 KiB pages and the static split.
-    Each pass sets the kernel's knobs it runs with; ``restore_levers`` puts back the loaded ones."""
+    other single-row prefetch distance (which only one row uses), the copies on 4 KiB pages, the static split and,
+    where the copies are bfloat16 pairs of ks, the widened layout. Each pass sets the kernel's knobs it runs with;
+    ``restore_levers`` puts back the loaded ones."""
     chosen = single_row_prefetch_bytes()
     huge = [block_weight(w) for w in plain]
     small_pages = [torch.empty_like(b).copy_(b) for b in huge]  # the CPU allocator's memory: no huge-page advice
@@ -116,8 +118,15 @@ def kernel_levers(plain: list[torch.Tensor]) -> dict[str, Kernel]:
         return kernel
 
     distances = {prefetch_lever(ahead): run(huge, ahead, True) for ahead in other_distances()}
-    return {AS_LOADED: run(huge, chosen, True), **distances, SMALL_PAGES: run(small_pages, chosen, True),
-            STATIC_SPLIT: run(huge, chosen, False)}  # fmt: skip
+    levers = {AS_LOADED: run(huge, chosen, True), **distances, SMALL_PAGES: run(small_pages, chosen, True),
+              STATIC_SPLIT: run(huge, chosen, False)}  # fmt: skip
+    if huge[0].dim() == 4:  # pairs of ks (AVX512-BF16): against the widening path's layout
+        pairs_before = torch.ops.minisgl_cpu.set_bfloat16_pairs(False)
+        try:
+            levers[WIDENED] = run([block_weight(w) for w in plain], chosen, True)
+        finally:
+            torch.ops.minisgl_cpu.set_bfloat16_pairs(pairs_before)
+    return levers
 
 
 def restore_levers() -> None:
@@ -146,6 +155,7 @@ def lever_table(args: argparse.Namespace, paths: dict[str, str]) -> Table:
     table = Table(title=f"C++ decode kernel, ms per pass over the weights (median); as loaded: single row {chosen}, "
                         "huge pages, work sharing")  # fmt: skip
     names = [AS_LOADED, *map(prefetch_lever, other_distances()), SMALL_PAGES, STATIC_SPLIT]
+    names += [WIDENED] * ("bfloat16" in args.dtypes)  # its cells: "-" where the copies are not pairs
     for column in ("model", "dtype", "rows", "GB/s before", *names, "GB/s after"):
         table.add_column(column, justify="right")
     for model_name in args.models:
@@ -155,7 +165,9 @@ def lever_table(args: argparse.Namespace, paths: dict[str, str]) -> Table:
             levers = kernel_levers(plain)  # blocked once for every row count
             for rows in args.rows:
                 # the prefetch distances change nothing past one row
-                timed = {n: k for n, k in levers.items() if rows == 1 or n in (AS_LOADED, SMALL_PAGES, STATIC_SPLIT)}
+                timed = {
+                    n: k for n, k in levers.items() if rows == 1 or n not in map(prefetch_lever, other_distances())
+                }
                 xs = [torch.randn(rows, w.shape[1], dtype=w.dtype) for w in plain]
                 before = read_bandwidth()
                 try:

@@ -506,14 +506,16 @@ def test_decode_kernel_variants_all_compute_the_linear(decode_kernels, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_decode_kernel_levers_all_compute_the_linear(decode_kernels, dtype):
     """``--levers``: every variant of the C++ kernel (the loaded one, the two other prefetch distances, 4 KiB pages,
-    the static split) returns x @ W^T (float64 reference) at one row and several; afterwards the kernel runs as
-    loaded again."""
+    the static split, and the widened copies where bfloat16 ones are pairs of ks) returns x @ W^T (float64
+    reference) at one row and several; afterwards the kernel runs as loaded again, and makes pairs again."""
     from minisgl.layers import amx_utils
 
     torch.manual_seed(1)
     plain = [torch.randn(48, 40).to(dtype), torch.randn(24, 48).to(dtype)]
+    pairs = amx_utils.block_weight(plain[0]).dim() == 4  # bfloat16 on a CPU with AVX512-BF16
     levers = decode_kernels.kernel_levers(plain)
-    assert len(levers) == 5 and decode_kernels.AS_LOADED in levers
+    assert len(levers) == 5 + pairs and decode_kernels.AS_LOADED in levers
+    assert (decode_kernels.WIDENED in levers) == pairs and amx_utils.block_weight(plain[0]).dim() == 3 + pairs
     for rows in (1, 3):
         xs = [torch.randn(rows, w.shape[1]).to(dtype) for w in plain]
         for name, kernel in levers.items():
@@ -528,14 +530,24 @@ def test_decode_kernel_levers_all_compute_the_linear(decode_kernels, dtype):
 
 
 def test_decode_kernels_levers_table(decode_kernels, monkeypatch, capsys):
-    """``python bench/decode_kernels.py --levers`` on dummy134: a row per row count, a time in every lever's column
-    (the prefetch distances only at one row) and the bandwidth samples around it."""
+    """``python bench/decode_kernels.py --levers`` on dummy134: a row per dtype and row count, a time in every lever's
+    column (the prefetch distances only at one row; the widened copies only for bfloat16, where its copies are pairs
+    of ks) and the bandwidth samples around it."""
+    from minisgl.layers import amx_utils
+
     monkeypatch.setattr(decode_kernels, "read_bandwidth", lambda: 42e9)  # a 1 GiB read per sample: not needed here
-    decode_kernels.main(["--levers", "--models", "dummy134", "--dtypes", "float32", "--rows", "1", "2", "--reps", "1"])
+    argv = ["--levers", "--models", "dummy134", "--dtypes", "float32", "bfloat16", "--rows", "1", "2", "--reps", "1"]
+    decode_kernels.main(argv)
     rows = [line.split("│")[1:-1] for line in capsys.readouterr().out.splitlines() if "dummy134" in line]
-    assert [[cell.strip() for cell in row][2:4] for row in rows] == [["1", "42.0"], ["2", "42.0"]]
+    assert [[cell.strip() for cell in row][1:4] for row in rows] == [
+        [dtype, rows, "42.0"] for dtype in ("float32", "bfloat16") for rows in ("1", "2")
+    ]
     times = [[float(cell) if cell.strip() != "-" else None for cell in row[4:-1]] for row in rows]
-    assert all(t is not None and t > 0 for t in times[0]) and times[1].count(None) == 2
+    pairs = amx_utils.block_weight(torch.zeros(32, 768, dtype=torch.bfloat16)).dim() == 4
+    for (one_row, two_rows), widened in zip((times[:2], times[2:]), (False, pairs)):
+        assert [t is None for t in one_row] == [False] * 5 + [not widened]
+        assert [t is None for t in two_rows] == [False, True, True, False, False, not widened]
+    assert all(t > 0 for row in times for t in row if t is not None)
     assert all(row[-1].strip() == "42.0" for row in rows)
 
 

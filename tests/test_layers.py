@@ -231,6 +231,22 @@ def test_float32_copies_only_for_bfloat16_cpu_weights_without_bfloat16_arithmeti
         torch.testing.assert_close(on_the_fly, amx_utils.apply_linear(x, bfloat16), atol=0, rtol=2**-7)
 
 
+def by_feature(blocked: torch.Tensor) -> torch.Tensor:
+    """A copy from ``block_weight`` back as ``[blocks * width, in]``, from either layout (pairs of ks or not)."""
+    if blocked.dim() == 4:  # [blocks, in / 2, width, 2]
+        return blocked.permute(0, 2, 1, 3).reshape(blocked.shape[0] * blocked.shape[2], -1)
+    return blocked.transpose(1, 2).reshape(-1, blocked.shape[1])
+
+
+def makes_pairs(dtype: torch.dtype, in_features: int) -> bool:
+    """Whether ``block_weight`` stores this weight in pairs of ks: bfloat16 of an even ``in`` where the CPU has
+    AVX512-BF16 (its flag in /proc/cpuinfo)."""
+    if dtype != torch.bfloat16 or in_features % 2 or not sys.platform.startswith("linux"):
+        return False
+    with open("/proc/cpuinfo") as cpuinfo:
+        return " avx512_bf16" in cpuinfo.read() and torch.backends.cpu.get_cpu_capability() == "AVX512"
+
+
 def packed_with_copy(
     keep_copy, dtype: torch.dtype, out_features: int = 48
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -264,10 +280,11 @@ def test_blocked_copy_serves_few_rows_only_and_matches_plain_linear(monkeypatch,
     weight, bias, packed = packed_with_copy(amx_utils.keep_blocked_copy, dtype, out_features=50)
     assert hasattr(packed, "blocked_weight") == faster
     if faster:
-        blocks, features, width = packed.blocked_weight.shape
-        assert features == 40 and blocks == -(-50 // width) and packed.blocked_weight.is_contiguous()
-        by_feature = packed.blocked_weight.transpose(1, 2).reshape(-1, 40)  # [blocks * width, in]
-        assert torch.equal(by_feature[:50], weight) and not by_feature[50:].any()  # the padding features: zero
+        copy = packed.blocked_weight
+        assert copy.dim() == (4 if makes_pairs(dtype, 40) else 3) and copy.is_contiguous()
+        features = by_feature(copy)
+        assert features.shape == (-(-50 // copy.shape[2]) * copy.shape[2], 40)
+        assert torch.equal(features[:50], weight) and not features[50:].any()  # the padding features: zero
         packed.blocked_weight.mul_(2)  # a copy that few rows alone read: doubled, their outputs double
     cases = [(1, False), (1, True), (5, True), (16, False), (17, True), (40, False)]
     assert_copy_read_by(packed, weight, bias, cases, lambda rows: faster and rows <= amx_utils.BLOCKED_MAX_ROWS)
@@ -275,22 +292,28 @@ def test_blocked_copy_serves_few_rows_only_and_matches_plain_linear(monkeypatch,
     torch.testing.assert_close(amx_utils.apply_linear(x, packed), torch.nn.functional.linear(x, weight))
 
 
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize(("dtype", "pairs"), [(torch.float32, True), (torch.bfloat16, True), (torch.bfloat16, False)], ids=["float32", "bfloat16", "bfloat16-widened"])  # fmt: skip
 @pytest.mark.parametrize("threads", [1, 2, 5])  # 5: more threads than cores, so some take others' blocks
 @pytest.mark.parametrize(("rows", "out_features", "in_features"), [(1, 48, 40), (2, 50, 129), (3, 100, 37), (4, 960, 576), (6, 40, 256), (8, 64, 1536), (13, 33, 7), (14, 70, 130), (40, 17, 300)])  # fmt: skip
 @pytest.mark.parametrize("x_layout", ["contiguous", "strided"])
-def test_blocked_linear_matches_float64_linear(dtype, threads, rows, out_features, in_features, x_layout):
+def test_blocked_linear_matches_float64_linear(dtype, pairs, threads, rows, out_features, in_features, x_layout):
     """The C++ kernel against float64 ``F.linear``: row counts whose last group of four has 1-4 rows (and more than
     its chunk of 16), feature counts that fill its blocks or not, inputs past one tile of ks (128) or inside one, with
     a bias and without, a strided input, on one thread, two, and more threads than blocks or cores. Float32 sums stay
-    within float32 rounding; bfloat16 outputs are the float32 sum rounded once."""
+    within float32 rounding; bfloat16 outputs are the float32 sum rounded once, from the copy in pairs of ks (AVX512-BF16's
+    dot products, where the CPU has them and ``in`` is even) and from the widened one."""
     assert cpu_kernels_built()
     torch.manual_seed(rows)
     weight = torch.randn(out_features, in_features).to(dtype)
     bias = torch.randn(out_features).to(dtype)
     x = torch.randn(rows, in_features).to(dtype)
     x = x if x_layout == "contiguous" else x.T.contiguous().T
-    blocked = amx_utils.block_weight(weight)
+    pairs_before = torch.ops.minisgl_cpu.set_bfloat16_pairs(pairs)
+    try:
+        blocked = amx_utils.block_weight(weight)
+    finally:
+        torch.ops.minisgl_cpu.set_bfloat16_pairs(pairs_before)
+    assert blocked.dim() == (4 if pairs and makes_pairs(dtype, in_features) else 3)
     before = torch.get_num_threads()
     torch.set_num_threads(threads)
     try:
@@ -360,25 +383,37 @@ def test_single_row_prefetch_probe_sets_the_fastest_distance(monkeypatch):
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="huge pages are Linux's madvise")
-def test_block_weight_puts_large_copies_on_huge_page_boundaries():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_block_weight_puts_large_copies_on_huge_page_boundaries(dtype):
     """A copy of 2 MiB or more starts on a 2 MiB boundary, where Linux can back it with huge pages; it holds the
-    blocked layout, and it is freed and allocated again without a fault."""
+    blocked layout (bfloat16: in pairs of ks where the CPU makes them), and it is freed and allocated again without
+    a fault."""
     assert cpu_kernels_built()
-    weight = torch.randn(1000, 1000)  # 4 MB
+    weight = torch.randn(1200, 1000).to(dtype)  # 2.4 MB in bfloat16
     for _ in range(3):
         blocked = amx_utils.block_weight(weight)
         assert blocked.data_ptr() % (2 << 20) == 0
-        by_feature = blocked.transpose(1, 2).reshape(-1, 1000)
-        assert torch.equal(by_feature[:1000], weight) and not by_feature[1000:].any()
+        features = by_feature(blocked)
+        assert blocked.dim() == (4 if makes_pairs(dtype, 1000) else 3)
+        assert torch.equal(features[:1200], weight) and not features[1200:].any()
         del blocked
 
 
-def test_blocked_linear_float32_rows_over_a_bfloat16_copy():
-    """Float32 rows over a bfloat16 weight's copy: float32 products of the bfloat16 weights, a float32 output."""
+@pytest.mark.parametrize("rows", [1, 3, 6])
+@pytest.mark.parametrize("pairs", [True, False], ids=["pairs", "widened"])
+def test_blocked_linear_float32_rows_over_a_bfloat16_copy(rows, pairs):
+    """Float32 rows over a bfloat16 weight's copy, in pairs of ks (where made) or not: float32 products of the
+    bfloat16 weights (the pairs widened, not the rows rounded), a float32 output."""
     assert cpu_kernels_built()
-    torch.manual_seed(0)
-    weight, x = torch.randn(50, 70).bfloat16(), torch.randn(3, 70)
-    out = amx_utils.blocked_linear(x, amx_utils.block_weight(weight), None, 50)
+    torch.manual_seed(rows)
+    weight, x = torch.randn(50, 70).bfloat16(), torch.randn(rows, 70)
+    pairs_before = torch.ops.minisgl_cpu.set_bfloat16_pairs(pairs)
+    try:
+        blocked = amx_utils.block_weight(weight)
+    finally:
+        torch.ops.minisgl_cpu.set_bfloat16_pairs(pairs_before)
+    assert blocked.dim() == (4 if pairs and makes_pairs(torch.bfloat16, 70) else 3)
+    out = amx_utils.blocked_linear(x, blocked, None, 50)
     assert out.dtype == torch.float32
     torch.testing.assert_close(out.double(), x.double() @ weight.double().T, atol=1e-4, rtol=1e-5)
 
@@ -400,6 +435,11 @@ def test_blocked_linear_rejects_a_mismatched_input():
         amx_utils.blocked_linear(torch.zeros(2, 6), blocked, torch.zeros(7), 8)
     with pytest.raises(RuntimeError, match="the weight must come from block_weight"):
         amx_utils.blocked_linear(torch.zeros(2, 6), blocked.half(), None, 8)
+    with pytest.raises(RuntimeError, match="the weight must come from block_weight"):  # 4-D, but not bfloat16 pairs
+        amx_utils.blocked_linear(torch.zeros(2, 6), blocked.view(*blocked.shape[:2], -1, 2), None, 8)
+    pairs = amx_utils.block_weight(torch.zeros(8, 6, dtype=torch.bfloat16))  # in pairs where the CPU makes them
+    with pytest.raises(RuntimeError, match="x has 5 features, the weight 6"):
+        amx_utils.blocked_linear(torch.zeros(2, 5, dtype=torch.bfloat16), pairs, None, 8)
 
 
 @pytest.mark.parametrize("faster", [False, True], ids=["onednn-gemm", "mkl-gemm"])

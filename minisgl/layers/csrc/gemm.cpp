@@ -8,7 +8,8 @@
 // So the layout is made for reading: the weight is cut into blocks of kCols output features (two vectors), each
 // block stored [K, kCols], so that on AVX2 one k is one float32 cache line (half a bfloat16 one), and a thread
 // reads its blocks front to back. Each row's kCols sums stay in registers across a tile of 128 ks (carried from
-// tile to tile in L1); rows go four at a time (8 accumulators: half of AVX2's 16 vector registers).
+// tile to tile in L1); rows go four at a time (8 accumulators: half of AVX2's 16 vector registers). On CPUs with
+// AVX512-BF16, bfloat16 copies are stored in pairs of ks for its dot-product instruction instead (pair_row_group).
 
 #include <ATen/Parallel.h>
 #include <ATen/core/Tensor.h>
@@ -27,6 +28,9 @@
 
 #ifdef __linux__
 #include <sys/mman.h>
+#endif
+#if defined(CPU_CAPABILITY_AVX512)
+#include <immintrin.h>
 #endif
 
 namespace {
@@ -155,8 +159,91 @@ inline void block_tile(const float* x, int64_t rows, int64_t K, const W* block, 
   row_groups<float>(x + k0, rows, K, wide, n, sums, k0 == 0, 0);
 }
 
-template <typename W, typename T>
-void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const T* bias, int64_t N, T* out) {
+#if defined(CPU_CAPABILITY_AVX512)
+// Bfloat16 copies on CPUs with AVX512-BF16 are stored pair by pair of ks: [blocks, K / 2, kCols, 2], so that one
+// 32-bit lane holds a feature's weights at ks 2p and 2p + 1, as vdpbf16ps reads them: one instruction multiplies a
+// pair of bfloat16 inputs by 16 features' pairs and adds both products to float32 sums (exact products, float32
+// sums, as the widening path, but denormals flushed to zero), where the widening path spends a shift and two FMAs. Several rows are then no longer
+// bound by the FMAs. The linears and head of a model's shape, bfloat16, ms, widened -> pairs (oneDNN's packed kernel),
+// alternated, medians of 13 rounds, AMD EPYC Zen 4 VM in its slow phase: SmolLM2 1 row 13.2 -> 12.1 (20.4), 8 rows
+// 19.2 -> 13.3 (19.4), 16 rows 33.7 -> 18.7 (27.0); dummy134 1 row 9.0 -> 8.6 (13.5), 8 rows 14.6 -> 9.4 (12.2).
+#define PAIRS_TARGET __attribute__((target("avx512bf16"), always_inline)) inline
+
+// ROWS rows times a tile of `pairs` pairs of ks of one block (w: two vectors per pair), the sums as row_group's.
+// Bfloat16 rows are read as 32-bit pairs (x_stride in pairs); float32 rows (x_stride in floats) multiply the
+// weights widened to float32, the low half of a lane being its even k.
+template <int ROWS, bool kBfloat16Rows>
+PAIRS_TARGET void pair_row_group(const void* x, int64_t x_stride, const __m512i* w, int64_t pairs, float* sums,
+                                 bool first, int64_t prefetch) {
+  __m512 acc[ROWS][2];
+  for (int r = 0; r < ROWS; ++r) {
+    acc[r][0] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(sums + r * kCols);
+    acc[r][1] = first ? _mm512_setzero_ps() : _mm512_loadu_ps(sums + r * kCols + kVec);
+  }
+  const __m512i high_half = _mm512_set1_epi32(static_cast<int32_t>(0xFFFF0000u));
+  for (int64_t p = 0; p < pairs; ++p) {
+    if (prefetch) prefetch_ahead(reinterpret_cast<const c10::BFloat16*>(w + 2 * p), 2, prefetch);
+    const __m512i w0 = _mm512_loadu_si512(w + 2 * p), w1 = _mm512_loadu_si512(w + 2 * p + 1);
+    for (int r = 0; r < ROWS; ++r) {
+      if constexpr (kBfloat16Rows) {
+        const __m512i xr = _mm512_set1_epi32(static_cast<const int32_t*>(x)[r * x_stride + p]);
+        acc[r][0] = _mm512_dpbf16_ps(acc[r][0], (__m512bh)xr, (__m512bh)w0);
+        acc[r][1] = _mm512_dpbf16_ps(acc[r][1], (__m512bh)xr, (__m512bh)w1);
+      } else {
+        const float* xr = static_cast<const float*>(x) + r * x_stride + 2 * p;
+        const __m512 even = _mm512_set1_ps(xr[0]), odd = _mm512_set1_ps(xr[1]);
+        acc[r][0] = _mm512_fmadd_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(w0, 16)), acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(even, _mm512_castsi512_ps(_mm512_slli_epi32(w1, 16)), acc[r][1]);
+        acc[r][0] = _mm512_fmadd_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(w0, high_half)), acc[r][0]);
+        acc[r][1] = _mm512_fmadd_ps(odd, _mm512_castsi512_ps(_mm512_and_si512(w1, high_half)), acc[r][1]);
+      }
+    }
+  }
+  for (int r = 0; r < ROWS; ++r) {
+    _mm512_storeu_ps(sums + r * kCols, acc[r][0]);
+    _mm512_storeu_ps(sums + r * kCols + kVec, acc[r][1]);
+  }
+}
+
+// One block's tile of pairs [p0, p1) for `rows` rows, four at a time; later groups find the tile in L1.
+template <bool kBfloat16Rows>
+__attribute__((target("avx512bf16"))) void pair_tile(const void* x, int64_t rows, int64_t x_stride,
+                                                     const __m512i* block, int64_t p0, int64_t p1, float* sums,
+                                                     int64_t prefetch) {
+  using X = std::conditional_t<kBfloat16Rows, int32_t, float>;
+  const X* x0 = static_cast<const X*>(x) + (kBfloat16Rows ? p0 : 2 * p0);
+  const __m512i* tile = block + 2 * p0;
+  for (int64_t m = 0; m < rows; m += kRows) {
+    const X* xm = x0 + m * x_stride;
+    float* sm = sums + m * kCols;
+    const bool first = p0 == 0;
+    const int64_t ahead = m == 0 ? prefetch : 0;
+    switch (std::min(kRows, rows - m)) {
+      case 4: pair_row_group<4, kBfloat16Rows>(xm, x_stride, tile, p1 - p0, sm, first, ahead); break;
+      case 3: pair_row_group<3, kBfloat16Rows>(xm, x_stride, tile, p1 - p0, sm, first, ahead); break;
+      case 2: pair_row_group<2, kBfloat16Rows>(xm, x_stride, tile, p1 - p0, sm, first, ahead); break;
+      default: pair_row_group<1, kBfloat16Rows>(xm, x_stride, tile, p1 - p0, sm, first, ahead); break;
+    }
+  }
+}
+#endif
+
+// Whether bfloat16 copies are made in pairs (above): built for AVX-512 and run on a CPU with AVX512-BF16.
+bool pairs_supported() {
+#if defined(CPU_CAPABILITY_AVX512)
+  static const bool supported = __builtin_cpu_supports("avx512bf16") != 0;
+  return supported;
+#else
+  return false;
+#endif
+}
+// Whether block_weight makes pair copies where supported; off only to compare with the widening path.
+bool bfloat16_pairs = true;
+
+// out = x @ W^T + bias over the blocks of W's copy; tile(b, m0, rows, k0, k1, sums, prefetch) adds block b's ks
+// [k0, k1) for rows [m0, m0 + rows) into sums (starting them at k0 == 0), in the copy's own layout.
+template <typename T, typename Tile>
+void blocked_linear_impl(int64_t M, int64_t K, const T* bias, int64_t N, T* out, const Tile& tile) {
   const int64_t blocks = (N + kCols - 1) / kCols;
   const int64_t prefetch = M == 1 ? single_row_prefetch_bytes : kPrefetchBytes;
   // Each thread owns a contiguous range of blocks, one forward stream of weights per core, and claims them one by
@@ -173,13 +260,12 @@ void blocked_linear_impl(const float* x, int64_t M, int64_t K, const W* w, const
     range_end[t] = blocks * (t + 1) / threads;
   }
   auto run_block = [&](int64_t b, float* sums) {
-    const W* block = w + b * K * kCols;
     const int64_t cols = std::min(kCols, N - b * kCols);
     for (int64_t m0 = 0; m0 < M; m0 += kChunkRows) {
       const int64_t rows = std::min(kChunkRows, M - m0);
       // k0 == 0 runs once even where K is 0, so that the sums start at zero
       for (int64_t k0 = 0; k0 == 0 || k0 < K; k0 += kTileK)
-        block_tile(x + m0 * K, rows, K, block, k0, std::min(K, k0 + kTileK), sums, prefetch);
+        tile(b, m0, rows, k0, std::min(K, k0 + kTileK), sums, prefetch);
       for (int64_t r = 0; r < rows; ++r) {
         T* out_row = out + (m0 + r) * N + b * kCols;
         for (int64_t c = 0; c < cols; ++c) {
@@ -225,14 +311,20 @@ at::Tensor huge_page_empty(const std::vector<int64_t>& sizes, const at::TensorOp
   return at::empty(sizes, options);
 }
 
-// [N, K] -> [ceil(N / kCols), K, kCols], the last block's missing features zero.
+// [N, K] -> [ceil(N / kCols), K, kCols], the last block's missing features zero; a bfloat16 weight of an even K where
+// pairs are supported (and on) -> [ceil(N / kCols), K / 2, kCols, 2].
 at::Tensor block_weight(const at::Tensor& weight) {
   TORCH_CHECK(weight.dim() == 2, "block_weight: weight must be [out, in], got ", weight.sizes());
   TORCH_CHECK(weight.scalar_type() == at::kFloat || weight.scalar_type() == at::kBFloat16,
               "block_weight: float32 or bfloat16 weights only, got ", weight.scalar_type());
   const int64_t N = weight.size(0), K = weight.size(1), blocks = (N + kCols - 1) / kCols;
+  const bool pairs = weight.scalar_type() == at::kBFloat16 && K % 2 == 0 && bfloat16_pairs && pairs_supported();
   auto padded = at::zeros({blocks * kCols, K}, weight.options());
   padded.narrow(0, 0, N).copy_(weight);
+  if (pairs) {
+    auto blocked = huge_page_empty({blocks, K / 2, kCols, 2}, weight.options());
+    return blocked.copy_(padded.view({blocks, kCols, K / 2, 2}).permute({0, 2, 1, 3}));
+  }
   auto blocked = huge_page_empty({blocks, K, kCols}, weight.options());
   return blocked.copy_(padded.view({blocks, kCols, K}).transpose(1, 2));
 }
@@ -248,32 +340,65 @@ int64_t set_single_row_prefetch(int64_t bytes) {
 // replaces.
 bool set_work_sharing(bool on) { return std::exchange(work_sharing, on); }
 
+// Sets whether block_weight makes bfloat16 copies in pairs where the CPU has AVX512-BF16 (on by default); returns
+// the setting it replaces. Off only to compare the two paths (bench/decode_kernels.py --levers, the tests).
+bool set_bfloat16_pairs(bool on) { return std::exchange(bfloat16_pairs, on); }
+
 at::Tensor blocked_linear(const at::Tensor& x, const at::Tensor& blocked, const c10::optional<at::Tensor>& bias,
                           int64_t out_features) {
   TORCH_CHECK(x.dim() == 2, "blocked_linear: x must be [rows, in], got ", x.sizes());
-  TORCH_CHECK(blocked.dim() == 3 && blocked.size(2) == kCols && blocked.is_contiguous() &&
+  const bool pairs = blocked.dim() == 4;
+  TORCH_CHECK((blocked.dim() == 3 || (pairs && blocked.size(3) == 2 && blocked.scalar_type() == at::kBFloat16 &&
+                                      pairs_supported())) &&
+                  blocked.size(2) == kCols && blocked.is_contiguous() &&
                   (blocked.scalar_type() == at::kFloat || blocked.scalar_type() == at::kBFloat16),
               "blocked_linear: the weight must come from block_weight");
-  TORCH_CHECK(x.size(1) == blocked.size(1), "blocked_linear: x has ", x.size(1), " features, the weight ",
-              blocked.size(1));
+  const int64_t M = x.size(0), K = x.size(1), weight_k = pairs ? 2 * blocked.size(1) : blocked.size(1);
+  TORCH_CHECK(K == weight_k, "blocked_linear: x has ", K, " features, the weight ", weight_k);
   TORCH_CHECK(out_features > (blocked.size(0) - 1) * kCols && out_features <= blocked.size(0) * kCols,
               "blocked_linear: ", out_features, " output features do not fit ", blocked.size(0), " blocks");
   TORCH_CHECK(x.scalar_type() == at::kFloat || x.scalar_type() == at::kBFloat16,
               "blocked_linear: float32 or bfloat16 inputs only");
   TORCH_CHECK(!bias.has_value() || (bias->dim() == 1 && bias->size(0) == out_features && bias->device().is_cpu()),
               "blocked_linear: the bias must be a CPU vector of ", out_features, " features");
-  const auto x_float = x.to(at::kFloat).contiguous();  // a decode's few rows: converting them costs nothing
-  const int64_t M = x.size(0), K = x.size(1);
+  // A decode's few rows: converting them costs nothing. Pairs read bfloat16 rows as they are; every other path
+  // reads float32 rows.
+  const auto rows_dtype = pairs && x.scalar_type() == at::kBFloat16 ? at::kBFloat16 : at::kFloat;
+  const at::Tensor rows = x.to(rows_dtype).contiguous();
   auto out = at::empty({M, out_features}, x.options());
-  const at::Tensor b = bias.has_value() ? bias->to(x.scalar_type()).contiguous() : at::Tensor();
+  const at::Tensor bias_cast = bias.has_value() ? bias->to(x.scalar_type()).contiguous() : at::Tensor();
   auto run = [&](auto* out_ptr) {
     using T = std::remove_pointer_t<decltype(out_ptr)>;
-    const T* bias_ptr = b.defined() ? b.data_ptr<T>() : nullptr;
+    const T* bias_ptr = bias_cast.defined() ? bias_cast.data_ptr<T>() : nullptr;
+    const void* x_rows = rows.data_ptr();
+    if (pairs) {
+#if defined(CPU_CAPABILITY_AVX512)
+      const auto* w = static_cast<const __m512i*>(blocked.data_ptr());
+      const int64_t block_vectors = K * kCols * 2 / 64;  // a block's 64-byte vectors
+      const bool bf16_rows = rows_dtype == at::kBFloat16;
+      const int64_t x_stride = bf16_rows ? K / 2 : K;
+      blocked_linear_impl(M, K, bias_ptr, out_features, out_ptr,
+                          [&](int64_t b, int64_t m0, int64_t n, int64_t k0, int64_t k1, float* sums, int64_t ahead) {
+                            const char* xm = static_cast<const char*>(x_rows) + m0 * K * rows.element_size();
+                            if (bf16_rows)
+                              pair_tile<true>(xm, n, x_stride, w + b * block_vectors, k0 / 2, k1 / 2, sums, ahead);
+                            else
+                              pair_tile<false>(xm, n, x_stride, w + b * block_vectors, k0 / 2, k1 / 2, sums, ahead);
+                          });
+#endif
+      return;
+    }
+    const float* xf = static_cast<const float*>(x_rows);
+    auto widened = [&](const auto* w) {
+      blocked_linear_impl(M, K, bias_ptr, out_features, out_ptr,
+                          [&](int64_t b, int64_t m0, int64_t n, int64_t k0, int64_t k1, float* sums, int64_t ahead) {
+                            block_tile(xf + m0 * K, n, K, w + b * K * kCols, k0, k1, sums, ahead);
+                          });
+    };
     if (blocked.scalar_type() == at::kFloat)
-      blocked_linear_impl(x_float.data_ptr<float>(), M, K, blocked.data_ptr<float>(), bias_ptr, out_features, out_ptr);
+      widened(blocked.data_ptr<float>());
     else
-      blocked_linear_impl(x_float.data_ptr<float>(), M, K, blocked.data_ptr<c10::BFloat16>(), bias_ptr, out_features,
-                          out_ptr);
+      widened(blocked.data_ptr<c10::BFloat16>());
   };
   if (x.scalar_type() == at::kFloat)
     run(out.data_ptr<float>());
@@ -289,6 +414,7 @@ TORCH_LIBRARY_FRAGMENT(minisgl_cpu, m) {
   m.def("blocked_linear(Tensor x, Tensor blocked, Tensor? bias, int out_features) -> Tensor");
   m.def("set_single_row_prefetch(int bytes) -> int", &set_single_row_prefetch);  // no tensor: every backend
   m.def("set_work_sharing(bool on) -> bool", &set_work_sharing);
+  m.def("set_bfloat16_pairs(bool on) -> bool", &set_bfloat16_pairs);
 }
 
 TORCH_LIBRARY_IMPL(minisgl_cpu, CPU, m) {
