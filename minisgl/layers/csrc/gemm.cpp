@@ -167,6 +167,7 @@ inline void block_tile(const float* x, int64_t rows, int64_t K, const W* block, 
 // bound by the FMAs. The linears and head of a model's shape, bfloat16, ms, widened -> pairs (oneDNN's packed kernel),
 // alternated, medians of 13 rounds, AMD EPYC Zen 4 VM in its slow phase: SmolLM2 1 row 13.2 -> 12.1 (20.4), 8 rows
 // 19.2 -> 13.3 (19.4), 16 rows 33.7 -> 18.7 (27.0); dummy134 1 row 9.0 -> 8.6 (13.5), 8 rows 14.6 -> 9.4 (12.2).
+// sgl-kernel's pack_vnni stores its bfloat16 weights in the same pairs ([K/2, N, 2]) for its AVX-512 and AMX paths.
 #define PAIRS_TARGET __attribute__((target("avx512bf16"), always_inline)) inline
 
 // ROWS rows times a tile of `pairs` pairs of ks of one block (w: two vectors per pair), the sums as row_group's.
